@@ -1,0 +1,75 @@
+# sd3-cluster: `make demo` builds and checks a local cluster; `make test` runs everything CI runs.
+# Both install their own prerequisites (as root on Debian 12 / Ubuntu 22.04 / 24.04).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+NODES ?= 3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+# Podman settings of the local cluster, without editing the host's /etc/containers.
+export CONTAINERS_CONF := $(CURDIR)/localcluster/containers.conf
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+# Molecule scenarios run in this order; each one lists its own nodes.
+SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+PLAYBOOKS := site.yml $(wildcard ansible/playbooks/*.yml)
+
+.PHONY: help host-prereqs venv image cluster-up cluster-down cluster-status demo \
+        test lint syntax unit molecule e2e clean
+
+help: ## Show the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+host-prereqs: ## Install podman, runc, debootstrap (apt) and check the kernel (root)
+	@bash localcluster/host-prereqs.sh
+
+$(VENV)/.stamp: requirements.txt $(wildcard workloads/pyproject.toml)
+	@echo "[venv] installing the pinned tools into $(VENV) (a few minutes the first time)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@$(BIN)/pip install -q -r requirements.txt
+	@if [ -f workloads/pyproject.toml ]; then $(BIN)/pip install -q --no-deps -e workloads; fi
+	@touch $@
+
+venv: $(VENV)/.stamp ## Make the project virtualenv from requirements.txt
+
+image: host-prereqs ## Build the node image (once per recipe)
+	@bash localcluster/node-image.sh
+
+cluster-up: host-prereqs venv ## Start NODES podman nodes (default 3) and write inventories/local
+	@$(PY) localcluster/cluster.py up --nodes $(NODES)
+
+cluster-down: ## Remove the local cluster's containers and network (nothing else)
+	@$(PY) localcluster/cluster.py down
+
+cluster-status: ## List the local cluster's containers
+	@$(PY) localcluster/cluster.py status
+
+demo: cluster-up ## Build the local cluster and run site.yml on it
+	@$(BIN)/ansible-playbook site.yml -i inventories/local
+
+test: host-prereqs venv lint unit molecule e2e ## Everything CI runs
+
+lint: venv syntax ## yamllint (strict), ansible-lint (production), ruff
+	@echo "[lint] yamllint"; $(BIN)/yamllint -s .
+	@echo "[lint] ansible-lint"; $(BIN)/ansible-lint -q --profile production
+	@echo "[lint] ruff"; $(BIN)/ruff check .
+
+syntax: venv ## ansible-playbook --syntax-check of every playbook
+	@for p in $(PLAYBOOKS); do $(BIN)/ansible-playbook -i localhost, --syntax-check $$p >/dev/null \
+	  || { echo "syntax error in $$p"; exit 1; }; done; echo "[lint] syntax of $(words $(PLAYBOOKS)) playbooks ok"
+
+unit: venv ## pytest: workloads, pulumi, inventory and preflight checks (no containers)
+	@$(BIN)/pytest -q -m "not cluster" tests
+
+molecule: venv ## Every molecule scenario on podman nodes (create, converge, idempotence, verify)
+	@$(PY) localcluster/cluster.py cache-up
+	@for s in $(SCENARIOS); do echo "[molecule] $$s"; $(BIN)/molecule test -s $$s || exit 1; done
+
+e2e: cluster-up ## The local cluster end to end: site.yml, then the cluster tests
+	@$(BIN)/pytest -q -m cluster tests
+
+clean: cluster-down ## Remove the local cluster and the virtualenv
+	rm -rf $(VENV) .cache

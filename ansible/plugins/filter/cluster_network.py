@@ -1,0 +1,33 @@
+"""Jinja filters for addresses and networks, built on Python's ipaddress (no netaddr needed)."""
+import ipaddress
+
+
+def is_ip_address(value):
+    """True when value is an IPv4 or IPv6 address."""
+    try:
+        ipaddress.ip_address(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def is_ip_network(value):
+    """True when value is a network in CIDR form with no host bits set, e.g. 10.10.0.0/24."""
+    try:
+        ipaddress.ip_network(str(value), strict=True)
+    except ValueError:
+        return False
+    return "/" in str(value)
+
+
+def ip_in_network(address, network):
+    """True when address lies inside network."""
+    try:
+        return ipaddress.ip_address(str(address)) in ipaddress.ip_network(str(network), strict=False)
+    except ValueError:
+        return False
+
+
+class FilterModule:
+    def filters(self):
+        return {"is_ip_address": is_ip_address, "is_ip_network": is_ip_network, "ip_in_network": ip_in_network}

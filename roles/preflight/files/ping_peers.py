@@ -21,7 +21,7 @@ def ping(address, count, payload=None):
     cmd = ["ping", "-n", "-q", "-c", str(count), "-i", "0.2", "-W", "1"]
     if payload is not None:
         cmd += ["-M", "do", "-s", str(payload)]
-    result = subprocess.run(cmd + [address], capture_output=True, text=True, timeout=10 + 2 * count, check=False)
+    result = subprocess.run([*cmd, address], capture_output=True, text=True, timeout=10 + 2 * count, check=False)
     match = RTT.search(result.stdout)
     return result.returncode == 0, float(match.group(1)) if match else None
 

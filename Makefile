@@ -12,6 +12,8 @@ BIN := $(VENV)/bin
 export CONTAINERS_CONF := $(CURDIR)/localcluster/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# The node image molecule scenarios boot (the tag is the hash of its recipe).
+export SD3_NODE_IMAGE := $(shell bash localcluster/node-image.sh --print-tag)
 # Molecule scenarios run in this order; each one lists its own nodes.
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 PLAYBOOKS := site.yml $(wildcard ansible/playbooks/*.yml)

@@ -1,0 +1,128 @@
+"""SD3 training throughput on one GPU: the diffusers-style reference loop and sd3cluster's variants, same run.
+
+    python3 benchmarks/sd3_throughput.py --case sd3-medium:1024:8:reference --case sd3-medium:1024:8:optimized
+
+A case is PRESET:RESOLUTION:BATCH:VARIANT (variant syntax in sd3cluster.bench). MFU = FLOPs of one forward
+pass of the diffusers model counted by torch.utils.flop_counter, x 3, / (--peak-tflops x step time).
+`--sdpa` first times the attention kernels alone on SD3-medium's 1024^2 shape; `--profile` prints the top
+CUDA kernels of the last case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads" / "src"))
+
+from sd3cluster.bench import BenchResult, Variant, format_table, run_variant, train_flops_per_image
+
+
+def time_cuda(fn, iters: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def sdpa_microbench(batch: int = 8, heads: int = 24, seq: int = 4250, head_dim: int = 64) -> list[str]:
+    """Forward+backward of SDPA alone per backend, TFLOP/s counting 4*B*H*S^2*D forward and 2.5x that backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(batch, seq, heads, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               .requires_grad_() for _ in range(3))
+    grad = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+    fwd_flops = 4 * batch * heads * seq * seq * head_dim
+    lines = []
+    for name, backend in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)]:
+        try:
+            with sdpa_kernel([backend]):
+                fwd = time_cuda(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+                both = time_cuda(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v).backward(grad))
+            lines.append(f"sdpa {name}: fwd {fwd * 1e3:.2f} ms = {fwd_flops / fwd / 1e12:.0f} TFLOP/s; fwd+bwd "
+                         f"{both * 1e3:.2f} ms = {3.5 * fwd_flops / both / 1e12:.0f} TFLOP/s")
+        except RuntimeError as e:
+            lines.append(f"sdpa {name}: not available ({str(e).splitlines()[0][:100]})")
+    a = torch.randn(batch * 4096, 1536, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(6144, 1536, device="cuda", dtype=torch.bfloat16)
+    mm = time_cuda(lambda: a @ w.t())
+    lines.append(f"matmul {a.shape[0]}x1536x6144 bf16: {2 * a.shape[0] * 1536 * 6144 / mm / 1e12:.0f} TFLOP/s")
+    return lines
+
+
+def profile_case(case: str, args: argparse.Namespace) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    preset, res, batch, spec = case.split(":", 3)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_variant(Variant.parse(spec), preset, int(res), int(batch), args.text_tokens, 2, 1,
+                    torch.device("cuda"), 1.0, args.peak_tflops)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", action="append", required=True, help="PRESET:RES:BATCH:VARIANT")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--text-tokens", type=int, default=154)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of H100/H200 SXM")
+    parser.add_argument("--sdpa", action="store_true")
+    parser.add_argument("--profile", default=None, help="a case to profile after the runs")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file of the results")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    device = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    if args.sdpa:
+        for line in sdpa_microbench():
+            print(line, flush=True)
+    flops: dict[tuple[str, int], float] = {}
+    results: list[BenchResult] = []
+    for case in args.case:
+        preset, res, batch, spec = case.split(":", 3)
+        variant = Variant.parse(spec)
+        res_i = int(variant.options.get("res", res))
+        key = (preset, res_i)
+        if key not in flops:
+            flops[key] = train_flops_per_image(preset, res_i, args.text_tokens)
+            print(f"{preset} {res_i}^2: {flops[key] / 1e12:.2f} TFLOP per image per step (fwd x3)", flush=True)
+        t0 = time.perf_counter()
+        try:
+            r = run_variant(variant, preset, res_i, int(batch), args.text_tokens, args.steps, args.warmup, device,
+                            flops[key], args.peak_tflops)
+        except torch.OutOfMemoryError:
+            print(f"[{case}] out of memory", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        except Exception as e:  # one failing variant must not lose the others' numbers
+            print(f"[{case}] failed: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        results.append(r)
+        print(f"[{case}] {r.images_per_s:.2f} images/s, MFU {r.mfu:.3f}, step {r.step_s * 1e3:.0f} ms, peak "
+              f"{r.peak_gib:.1f} GiB, first step {r.compile_s:.0f} s, case {time.perf_counter() - t0:.0f} s",
+              flush=True)
+        if args.out:
+            args.out.write_text(json.dumps([asdict(x) for x in results], indent=2))
+    print(format_table(results))
+    if args.profile:
+        print(profile_case(args.profile, args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

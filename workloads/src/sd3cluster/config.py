@@ -1,0 +1,185 @@
+"""One typed configuration for every sd3cluster command: read from YAML, overridden by `--set key=value`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(Exception):
+    """A configuration value is wrong; the message names the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    preset: Literal["tiny", "sd3-medium", "sd35-medium", "sd35-large"] = "tiny"
+    pretrained: Path | None = Field(None, description="local diffusers folder (transformer/ or the model itself)")
+    fuse_qkv: bool = Field(True, description="one projection for q, k and v (and for the context's)")
+    compile: bool = False
+    activation_checkpointing: bool = False
+
+
+class DataConfig(_Section):
+    path: Path | None = Field(None, description="folder of shards written by `sd3cluster prepare`")
+    synthetic_samples: int = Field(0, ge=0, description="use this many synthetic samples instead of `path`")
+    resolution: int = Field(64, ge=16, description="image side in pixels (latents are 1/8 of it)")
+    text_tokens: int = Field(154, ge=1, description="text sequence length (77 CLIP + 77 T5 in SD3)")
+    batch_size: int = Field(2, ge=1, description="samples per rank per micro-step")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _resolution_multiple(self) -> DataConfig:
+        if self.resolution % 16:
+            raise ValueError(f"resolution must be a multiple of 16 (VAE factor 8 x patch 2), got {self.resolution}")
+        return self
+
+
+class FlowConfig(_Section):
+    weighting_scheme: Literal["logit_normal", "mode", "uniform", "sigma_sqrt", "cosmap"] = "logit_normal"
+    logit_mean: float = 0.0
+    logit_std: float = Field(1.0, gt=0)
+    mode_scale: float = 1.29
+    shift: float = Field(3.0, gt=0, description="timestep shift of SD3's flow-matching scheduler")
+    precondition_outputs: bool = True
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(1e-4, ge=0)
+    eps: float = Field(1e-8, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 turns clipping off")
+    fused: bool = Field(True, description="fused AdamW where the device supports it")
+
+
+class TrainConfig(_Section):
+    steps: int = Field(100, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    precision: Literal["bf16", "fp32"] = "bf16"
+    ema_decay: float = Field(0.0, ge=0, lt=1, description="0 turns EMA off")
+    seed: int = 0
+    log_every: int = Field(1, ge=1)
+    peak_tflops: float = Field(989.0, gt=0, description="dense bf16 peak per device, for MFU (H100/H200 SXM)")
+    kill_at_step: int = Field(0, ge=0, description="test hook: rank `kill_rank` SIGKILLs itself there, first try only")
+    kill_rank: int = Field(0, ge=0)
+
+
+class CheckpointConfig(_Section):
+    dir: Path | None = Field(None, description="checkpoint folder on the shared volume; none: no checkpoints")
+    every: int = Field(50, ge=1)
+    keep: int = Field(3, ge=1)
+    resume: Literal["auto", "never"] | Path = "auto"
+
+
+class OutputConfig(_Section):
+    dir: Path = Path("runs/sd3")
+    tensorboard: bool = True
+    progress: bool = True
+
+
+class VerifyConfig(_Section):
+    steps: int = Field(3, ge=1, description="N steps for the identical-parameters and DDP-equality checks")
+    resume_k: int = Field(2, ge=1, description="k of the resume check: 2k straight vs k + resume + k")
+    overfit_steps: int = Field(30, ge=2)
+    allreduce_sizes_mb: list[float] = [0.25, 4.0, 32.0]
+    min_busbw_gbps: float = Field(0.05, ge=0)
+    min_images_per_s: float = Field(0.0, ge=0)
+    tolerance: float = Field(1e-4, gt=0, description="max abs parameter difference for DDP == one process")
+    report: Path = Path("verify-report.json")
+
+
+class BenchConfig(_Section):
+    steps: int = Field(10, ge=1)
+    warmup: int = Field(3, ge=1)
+    variants: list[str] = ["reference", "optimized"]
+    report: Path | None = None
+
+
+class Config(_Section):
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    flow: FlowConfig = FlowConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    output: OutputConfig = OutputConfig()
+    verify: VerifyConfig = VerifyConfig()
+    bench: BenchConfig = BenchConfig()
+
+    def pretty(self) -> str:
+        return yaml.safe_dump(json.loads(self.model_dump_json()), sort_keys=False).rstrip()
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key '{key}': '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`train.steps=10` -> ("train.steps", 10); the value is read as YAML so numbers and lists keep their type."""
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' must look like section.key=value (for example train.steps=10)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{item}' has no key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key; check its spelling (`sd3cluster <cmd> --print-config` shows all keys)")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  {key}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> Config:
+    """Read YAML (optional), apply dotted overrides, validate once. Raises ConfigError naming the key."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections (model:, data:, train: ...)")
+        tree = loaded
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    if overrides:
+        source += " + --set overrides"
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None

@@ -1,0 +1,63 @@
+"""Rectified flow as diffusers' SD3 training does it: shifted logit-normal timesteps, x_t = (1-s) x0 + s noise."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import FlowConfig
+
+
+def sample_u(cfg: FlowConfig, n: int, generator: torch.Generator) -> torch.Tensor:
+    """Timestep density of the SD3 paper, on [0, 1] (before the scheduler's shift)."""
+    if cfg.weighting_scheme == "logit_normal":
+        return torch.sigmoid(torch.randn(n, generator=generator) * cfg.logit_std + cfg.logit_mean)
+    u = torch.rand(n, generator=generator)
+    if cfg.weighting_scheme == "mode":
+        u = 1 - u - cfg.mode_scale * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
+    return u
+
+
+def shift_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
+    """FlowMatchEulerDiscreteScheduler's shift: sigma = shift*u / (1 + (shift-1)*u)."""
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def loss_weighting(cfg: FlowConfig, sigmas: torch.Tensor) -> torch.Tensor:
+    if cfg.weighting_scheme == "sigma_sqrt":
+        return sigmas.float() ** -2.0
+    if cfg.weighting_scheme == "cosmap":
+        return 2 / (math.pi * (1 - 2 * sigmas + 2 * sigmas**2))
+    return torch.ones_like(sigmas)
+
+
+def batch_noise(cfg: FlowConfig, seed: int, step: int, global_batch: int, latent_shape: tuple[int, ...],
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise and sigmas for the whole global batch of one step, from (seed, step) alone.
+
+    Every rank draws the same global tensors and keeps its slice, so N ranks see exactly what one process with
+    the global batch sees, and a resumed run draws what the uninterrupted one drew.
+    """
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    noise = torch.randn((global_batch, *latent_shape), generator=gen)
+    sigmas = shift_sigmas(sample_u(cfg, global_batch, gen), cfg.shift)
+    return noise, sigmas
+
+
+def flow_loss(model: nn.Module, cfg: FlowConfig, latents: torch.Tensor, prompt_embeds: torch.Tensor,
+              pooled: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    """Mean weighted MSE of one micro-batch; the transformer sees timestep = 1000 * sigma."""
+    s = sigmas.view(-1, *([1] * (latents.ndim - 1))).to(latents.dtype)
+    noisy = (1.0 - s) * latents + s * noise
+    pred = model(hidden_states=noisy, encoder_hidden_states=prompt_embeds, pooled_projections=pooled,
+                 timestep=sigmas * 1000.0, return_dict=False)[0]
+    if cfg.precondition_outputs:
+        pred = pred.float() * (-s) + noisy
+        target = latents
+    else:
+        target = noise - latents
+    weight = loss_weighting(cfg, sigmas).view_as(s).to(pred.device)
+    per_sample = (weight * (pred.float() - target.float()) ** 2).flatten(1).mean(1)
+    return per_sample.mean()

@@ -1,0 +1,157 @@
+"""SD3 MMDiT presets (diffusers' SD3Transformer2DModel), built with random init or from local weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Configs of the published checkpoints' transformer/config.json; `tiny` is for CPU tests.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        sample_size=8, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=16, out_channels=16,
+        pos_embed_max_size=16,
+    ),
+    "sd3-medium": dict(
+        sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
+        joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
+        pos_embed_max_size=192,
+    ),
+    "sd35-medium": dict(
+        sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
+        joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
+        pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
+    ),
+    "sd35-large": dict(
+        sample_size=128, patch_size=2, in_channels=16, num_layers=38, attention_head_dim=64, num_attention_heads=38,
+        joint_attention_dim=4096, caption_projection_dim=2432, pooled_projection_dim=2048, out_channels=16,
+        pos_embed_max_size=192, qk_norm="rms_norm",
+    ),
+}
+
+# Parameter counts of the presets (random init); sd3-medium's is the published model's.
+EXPECTED_PARAMETERS = {"sd3-medium": 2_028_328_000, "sd35-medium": 2_243_171_520, "sd35-large": 8_056_627_520}
+
+
+def preset_config(preset: str) -> dict[str, Any]:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    return dict(PRESETS[preset])
+
+
+def text_dims(preset: str) -> tuple[int, int]:
+    """(joint_attention_dim, pooled_projection_dim): the widths of the text embeddings the model reads."""
+    cfg = PRESETS[preset]
+    return cfg["joint_attention_dim"], cfg["pooled_projection_dim"]
+
+
+def build_transformer(preset: str, pretrained: Path | None = None, device: torch.device | str | None = None,
+                      seed: int = 0) -> nn.Module:
+    """Random init (seeded, identical on every rank) or local diffusers weights; nothing is downloaded."""
+    from diffusers import SD3Transformer2DModel
+
+    if pretrained is not None:
+        folder = Path(pretrained)
+        if (folder / "transformer").is_dir():
+            folder = folder / "transformer"
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"--pretrained {pretrained}: no config.json there (nor in transformer/)")
+        model = SD3Transformer2DModel.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
+        return model.to(device) if device is not None else model
+    cfg = preset_config(preset)
+    with torch.random.fork_rng(devices=[]), torch.device(device or "cpu"):
+        torch.manual_seed(seed)
+        model = SD3Transformer2DModel(**cfg)
+    expected = EXPECTED_PARAMETERS.get(preset)
+    count = count_parameters(model)
+    if expected is not None and count != expected:
+        raise AssertionError(f"preset {preset} has {count:,} parameters, expected {expected:,}")
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+class FusedJointAttnProcessor:
+    """Joint attention with one q/k/v projection per stream, heads kept in place for SDPA (no extra copies)."""
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, **_: Any) -> Any:
+        batch, n_img, _ = hidden_states.shape
+        heads = attn.heads
+        q, k, v = attn.to_qkv(hidden_states).view(batch, n_img, 3, heads, -1).unbind(2)
+        if attn.norm_q is not None:
+            q, k = attn.norm_q(q), attn.norm_k(k)
+        if encoder_hidden_states is not None:
+            n_txt = encoder_hidden_states.shape[1]
+            cq, ck, cv = attn.to_added_qkv(encoder_hidden_states).view(batch, n_txt, 3, heads, -1).unbind(2)
+            if attn.norm_added_q is not None:
+                cq, ck = attn.norm_added_q(cq), attn.norm_added_k(ck)
+            q, k, v = torch.cat([q, cq], 1), torch.cat([k, ck], 1), torch.cat([v, cv], 1)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = out.transpose(1, 2).flatten(2)
+        if encoder_hidden_states is None:
+            return attn.to_out[0](out)
+        img, txt = out[:, :n_img], out[:, n_img:]
+        img = attn.to_out[0](img)
+        if not attn.context_pre_only:
+            txt = attn.to_add_out(txt)
+        return img, txt
+
+
+def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
+    first = parts[0]
+    fused = nn.Linear(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None,
+                      device=first.weight.device, dtype=first.weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if first.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    return fused
+
+
+def fuse_qkv(model: nn.Module) -> nn.Module:
+    """Replace to_q/to_k/to_v (and add_*_proj) by one linear each, keeping the same function."""
+    from diffusers.models.attention_processor import Attention
+
+    for module in model.modules():
+        if not isinstance(module, Attention) or not hasattr(module, "to_q"):
+            continue
+        module.to_qkv = _fused_linear([module.to_q, module.to_k, module.to_v])
+        del module.to_q, module.to_k, module.to_v
+        if getattr(module, "add_q_proj", None) is not None:
+            module.to_added_qkv = _fused_linear([module.add_q_proj, module.add_k_proj, module.add_v_proj])
+            del module.add_q_proj, module.add_k_proj, module.add_v_proj
+        module.set_processor(FusedJointAttnProcessor())
+    return model
+
+
+def example_inputs(preset: str, batch: int, resolution: int, text_tokens: int, device: torch.device | str,
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    joint, pooled = text_dims(preset)
+    side = resolution // 8
+    return dict(
+        hidden_states=torch.randn(batch, 16, side, side, device=device, dtype=dtype),
+        encoder_hidden_states=torch.randn(batch, text_tokens, joint, device=device, dtype=dtype),
+        pooled_projections=torch.randn(batch, pooled, device=device, dtype=dtype),
+        timestep=torch.rand(batch, device=device, dtype=dtype) * 1000,
+    )
+
+
+def forward_flops(preset: str, batch: int, resolution: int, text_tokens: int, fused: bool = False) -> float:
+    """FLOPs of one forward pass, counted by torch.utils.flop_counter on the meta device (nothing allocated)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_transformer(preset, device="meta")
+    if fused:
+        fuse_qkv(model)
+    inputs = example_inputs(preset, batch, resolution, text_tokens, "meta")
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(**inputs, return_dict=False)
+    return float(counter.get_total_flops())

@@ -1,0 +1,1 @@
+"""The AWS layer of sd3-cluster: network, placement, GPU instances, shared file system, Ansible inventory."""

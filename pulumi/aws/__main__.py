@@ -1,7 +1,6 @@
 """sd3-cluster on AWS: `pulumi up` here, then `ansible-playbook site.yml -i inventories/cloud`."""
 
 import pulumi
-
 from sd3_aws.config import ConfigError, load_config
 from sd3_aws.stack import build
 

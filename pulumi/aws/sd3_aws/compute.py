@@ -125,7 +125,8 @@ class GpuNodes(pulumi.ComponentResource):
 
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-template",
-            description=f"{config.cluster_name}: {instance_type.name} GPU node, {config.efa_interfaces} EFA interface(s)",
+            description=(f"{config.cluster_name}: {instance_type.name} GPU node, "
+                         f"{config.efa_interfaces} EFA interface(s)"),
             image_id=ubuntu_ami(config, self),
             instance_type=instance_type.name,
             key_name=key_name,

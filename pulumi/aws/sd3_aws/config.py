@@ -15,7 +15,8 @@ SHARED_FILESYSTEMS = ("fsx-lustre", "efs", "none")
 FSX_THROUGHPUTS_MB_PER_TIB = (125, 250, 500, 1000)
 MAX_GPU_NODES = 64
 _CLUSTER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
-_SSH_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/=]+")
+_SSH_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/=]+")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
 
 
@@ -61,7 +62,8 @@ def _int(values: Mapping[str, Any], name: str, default: int) -> int:
     try:
         return int(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{_key(name)} is '{raw}', not a whole number: set it with `pulumi config set {name} N`") from None
+        raise ConfigError(
+            f"{_key(name)} is '{raw}', not a whole number: set it with `pulumi config set {name} N`") from None
 
 
 def _bool(values: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -93,7 +95,8 @@ def _admin_cidrs(values: Mapping[str, Any]) -> tuple[str, ...]:
         try:
             network = ipaddress.ip_network(cidr, strict=True)
         except ValueError:
-            raise ConfigError(f"{_key('adminCidrs')} has '{cidr}', not a network in CIDR form (e.g. 203.0.113.7/32)") from None
+            raise ConfigError(
+                f"{_key('adminCidrs')} has '{cidr}', not a network in CIDR form (e.g. 203.0.113.7/32)") from None
         if network.prefixlen == 0:
             raise ConfigError(
                 f"{_key('adminCidrs')} has '{cidr}', which opens SSH to the whole internet: "
@@ -149,14 +152,16 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
                 f"{_key('purchaseOption')} is '{purchase}' but {_key('capacityReservationId')} is missing: "
                 "set the reservation's id (cr-...) from the EC2 console or `aws ec2 describe-capacity-reservations`")
         if not _RESERVATION_ID.match(str(reservation)):
-            raise ConfigError(f"{_key('capacityReservationId')} is '{reservation}': a reservation id looks like cr-0123456789abcdef0")
+            raise ConfigError(
+                f"{_key('capacityReservationId')} is '{reservation}': a reservation id looks like cr-0123456789abcdef0")
     elif reservation:
         raise ConfigError(
             f"{_key('capacityReservationId')} is set but {_key('purchaseOption')} is '{purchase}': "
             "set purchaseOption to capacity-reservation or capacity-block, or remove the id")
     spot_max_price = values.get("spotMaxPrice") or None
     if spot_max_price is not None and purchase != "spot":
-        raise ConfigError(f"{_key('spotMaxPrice')} is set but {_key('purchaseOption')} is '{purchase}': it applies to spot only")
+        raise ConfigError(
+            f"{_key('spotMaxPrice')} is set but {_key('purchaseOption')} is '{purchase}': it applies to spot only")
 
     ssh_public_key = str(values.get("sshPublicKey", "")).strip()
     if not _SSH_KEY.match(ssh_public_key):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 def cloud_init(hostname: str, ssh_user: str = "ubuntu") -> str:
     """A #cloud-config that names the host as the inventory does, so /etc/hosts and Slurm agree with it.
 

@@ -12,7 +12,7 @@ case "${ID:-}-${VERSION_ID:-}" in
   *) echo "host-prereqs: ${PRETTY_NAME:-this system} is not tested; Debian 12 and Ubuntu 22.04/24.04 are." >&2 ;;
 esac
 
-packages=(podman runc debootstrap iproute2 openssh-client python3-venv make git)
+packages=(podman runc debootstrap iproute2 iputils-ping openssh-client python3-venv make git)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

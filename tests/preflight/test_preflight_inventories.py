@@ -1,0 +1,163 @@
+"""The preflight playbook against a good inventory and many bad ones.
+
+The "nodes" are this machine reached with the local connection under three loopback addresses
+(127.0.0.1-3), so the real role runs (its probes and its pings) without containers. Every bad
+inventory must stop with its own message, naming what is wrong and the fix, and no Python traceback.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = REPO / "ansible" / "playbooks" / "preflight.yml"
+
+GOOD = {
+    "all": {
+        "vars": {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "cluster_name": "test",
+            "cluster_network_cidr": "127.0.0.0/8",
+            "cluster_mtu": 9000,
+            "cluster_storage_backend": "glusterfs",
+            "cluster_storage_replica": 3,
+            "cluster_storage_bricks_per_node": 1,
+            "preflight_min_cpu_cores": 1,
+            "preflight_min_memory_gb": 0.5,
+            "preflight_min_free_disk_gb": 0.1,
+            "preflight_require_ssd": False,
+            "preflight_require_gpus": False,
+            "preflight_max_rtt_ms": 50,
+            "preflight_ping_count": 1,
+        },
+        "hosts": {
+            "n1": {"ansible_host": "127.0.0.1"},
+            "n2": {"ansible_host": "127.0.0.2"},
+            "n3": {"ansible_host": "127.0.0.3"},
+        },
+        "children": {
+            "head": {"hosts": {"n1": None}},
+            "gpu_nodes": {"hosts": {"n2": None, "n3": None}},
+            "storage_nodes": {"hosts": {"n1": None, "n2": None, "n3": None}},
+        },
+    }
+}
+
+
+def run_preflight(tmp_path: Path, inventory: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CACHE_PLUGIN="memory")
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(path), str(PLAYBOOK)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False)
+
+
+def variant(**changes) -> dict:
+    """The good inventory with changes: keys are paths like 'vars.cluster_mtu' or 'hosts.n2.ansible_host';
+    a value of None deletes the key."""
+    inventory = copy.deepcopy(GOOD)
+    for dotted, value in changes.items():
+        node = inventory["all"]
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return inventory
+
+
+def test_good_inventory_passes(tmp_path):
+    result = run_preflight(tmp_path, GOOD)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "failed=0" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+BAD = {
+    "missing_head_group": (
+        variant(**{"children.head": None}),
+        ["group 'head' is missing", "hosts.yml"]),
+    "two_heads": (
+        variant(**{"children.head": {"hosts": {"n1": None, "n2": None}}}),
+        ["group 'head' has 2 hosts (n1, n2)", "exactly one head"]),
+    "empty_gpu_nodes": (
+        variant(**{"children.gpu_nodes": {"hosts": {}}}),
+        ["group 'gpu_nodes' has no hosts"]),
+    "duplicate_address": (
+        variant(**{"hosts.n3.ansible_host": "127.0.0.2"}),
+        ["host n3: address 127.0.0.2 is also used by n2"]),
+    "address_outside_cidr": (
+        variant(**{"hosts.n2.cluster_address": "10.99.0.5"}),
+        ["host n2: address 10.99.0.5 is outside cluster_network_cidr 127.0.0.0/8"]),
+    "not_an_address": (
+        variant(**{"hosts.n3.ansible_host": "gpu-three.example"}),
+        ["host n3: address 'gpu-three.example' is not an IP address"]),
+    "invalid_cidr": (
+        variant(**{"vars.cluster_network_cidr": "127.0.0.1/8"}),
+        ["cluster_network_cidr is '127.0.0.1/8', not a network"]),
+    "unknown_backend": (
+        variant(**{"vars.cluster_storage_backend": "ceph"}),
+        ["cluster_storage_backend", "ceph", "glusterfs, nfs"]),
+    "replica_above_storage_nodes": (
+        variant(**{"vars.cluster_storage_replica": 4}),
+        ["cluster_storage_replica is 4 but storage_nodes has only 3 host(s)"]),
+    "bricks_not_multiple_of_replica": (
+        variant(**{"vars.cluster_storage_replica": 2}),
+        ["3 bricks", "not a multiple of cluster_storage_replica 2"]),
+    "mtu_too_large": (
+        variant(**{"vars.cluster_mtu": 65000}),
+        ["cluster_mtu is 65000", "1280 to 9216"]),
+    "mtu_not_a_number": (
+        variant(**{"vars.cluster_mtu": "jumbo"}),
+        ["cluster_mtu"]),
+    "threshold_of_wrong_type": (
+        variant(**{"vars.preflight_min_cpu_cores": "lots"}),
+        ["preflight_min_cpu_cores"]),
+    "node_memory_below_threshold": (
+        variant(**{"vars.preflight_min_memory_gb": 100000}),
+        ["n1 is not fit for the cluster", "preflight_min_memory_gb", "lower the threshold"]),
+    "node_cpu_below_threshold": (
+        variant(**{"vars.preflight_min_cpu_cores": 4096}),
+        ["CPU cores, needs at least 4096 (preflight_min_cpu_cores)"]),
+    "node_disk_below_threshold": (
+        variant(**{"vars.preflight_min_free_disk_gb": 10 ** 9}),
+        ["preflight_min_free_disk_gb", "point preflight_data_path at the data disk"]),
+    "gpu_node_without_gpus": (
+        variant(**{"vars.preflight_require_gpus": True}),
+        ["n2 is not fit", "0 NVIDIA GPU(s) on the PCI bus", "preflight_min_gpus_per_node"]),
+    "latency_above_threshold": (
+        variant(**{"vars.preflight_max_rtt_ms": 0.000001}),
+        ["n1 -> n2 (127.0.0.2): round trip", "preflight_max_rtt_ms"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_inventory_stops_with_its_message(tmp_path, case):
+    inventory, expected = BAD[case]
+    result = run_preflight(tmp_path, inventory)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, f"{case}: preflight passed\n{output}"
+    for text in expected:
+        assert text in output, f"{case}: {text!r} not in the output\n{output}"
+    assert "Traceback" not in output
+    assert "changed=1" not in output  # preflight never changes a node
+
+
+def test_inventory_problems_are_reported_together(tmp_path):
+    """A user fixes all inventory mistakes in one round, not one per run."""
+    inventory = variant(**{"vars.cluster_mtu": 100, "hosts.n3.ansible_host": "127.0.0.2",
+                           "children.head": {"hosts": {"n1": None, "n2": None}}})
+    output = (result := run_preflight(tmp_path, inventory)).stdout + result.stderr
+    assert result.returncode != 0
+    assert "3 problem(s)" in output, output

@@ -1,0 +1,97 @@
+"""One ComponentResource per layer of the training stack."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from . import charts, manifests
+from .config import K8sStackConfig
+
+
+def _release(name: str, chart: charts.Chart, version: str, values: dict, parent: pulumi.Resource,
+             depends_on: list[pulumi.Resource] | None = None) -> k8s.helm.v3.Release:
+    return k8s.helm.v3.Release(
+        name,
+        name=chart.release,
+        chart=chart.chart,
+        version=version,
+        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo),
+        namespace=chart.namespace,
+        create_namespace=True,
+        values=values,
+        # Operators' webhooks and CRDs must be in place before anything that uses them is created.
+        atomic=True,
+        timeout=900,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on or []),
+    )
+
+
+class GpuOperator(pulumi.ComponentResource):
+    """NVIDIA GPU Operator: device plugin (nvidia.com/gpu), and optionally the driver and container toolkit."""
+
+    def __init__(self, name: str, config: K8sStackConfig, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:GpuOperator", name, None, opts)
+        self.release = _release(f"{name}-release", charts.GPU_OPERATOR, config.charts.gpu_operator,
+                                charts.gpu_operator_values(config), self)
+        self.register_outputs({"status": self.release.status})
+
+
+class BatchScheduler(pulumi.ComponentResource):
+    """Volcano: the scheduler and controllers that run gang-scheduled Jobs (batch.volcano.sh)."""
+
+    def __init__(self, name: str, config: K8sStackConfig, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:BatchScheduler", name, None, opts)
+        self.release = _release(f"{name}-release", charts.VOLCANO, config.charts.volcano,
+                                charts.volcano_values(config), self)
+        self.register_outputs({"status": self.release.status})
+
+
+class SharedVolume(pulumi.ComponentResource):
+    """The ReadWriteMany claim every training pod mounts."""
+
+    def __init__(self, name: str, config: K8sStackConfig, namespace: k8s.core.v1.Namespace,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:SharedVolume", name, None, opts)
+        manifest = manifests.shared_claim(config)
+        self.claim = k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-claim", metadata=manifest["metadata"], spec=manifest["spec"],
+            # RWX volumes are often bound only when a pod uses them: do not wait for Bound here.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace]))
+        self.claim_name = manifest["metadata"]["name"]
+        self.register_outputs({"claim_name": self.claim_name})
+
+
+class TrainingJob(pulumi.ComponentResource):
+    """The multi-node SD3 training run: the headless rendezvous Service and the Volcano Job."""
+
+    def __init__(self, name: str, config: K8sStackConfig, namespace: k8s.core.v1.Namespace,
+                 depends_on: list[pulumi.Resource], opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:TrainingJob", name, None, opts)
+        service = manifests.rendezvous_service(config)
+        self.service = k8s.core.v1.Service(
+            f"{name}-rdzv", metadata=service["metadata"], spec=service["spec"],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace]))
+        job = manifests.training_job(config)
+        self.job = k8s.apiextensions.CustomResource(
+            f"{name}-job", api_version=job["apiVersion"], kind=job["kind"], metadata=job["metadata"],
+            spec=job["spec"],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace, self.service, *depends_on]))
+        self.register_outputs({"job_name": config.job_name,
+                               "rendezvous_endpoint": manifests.rendezvous_endpoint(config)})
+
+
+class Monitoring(pulumi.ComponentResource):
+    """Prometheus, Alertmanager and Grafana (kube-prometheus-stack), and NVIDIA's DCGM exporter for GPU metrics."""
+
+    def __init__(self, name: str, config: K8sStackConfig, depends_on: list[pulumi.Resource],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:Monitoring", name, None, opts)
+        self.prometheus = _release(f"{name}-prometheus", charts.KUBE_PROMETHEUS_STACK,
+                                   config.charts.kube_prometheus_stack, charts.kube_prometheus_stack_values(config),
+                                   self)
+        # The exporter's ServiceMonitor needs the CRD that kube-prometheus-stack installs.
+        self.dcgm_exporter = _release(f"{name}-dcgm-exporter", charts.DCGM_EXPORTER, config.charts.dcgm_exporter,
+                                      charts.dcgm_exporter_values(config), self,
+                                      depends_on=[self.prometheus, *depends_on])
+        self.register_outputs({"prometheus": self.prometheus.status, "dcgm_exporter": self.dcgm_exporter.status})

@@ -1,0 +1,194 @@
+"""Stack configuration, read once into a frozen object and validated before any resource is declared."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RESOURCE_NAME = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")
+MAX_NODES = 64
+MAX_GPUS_PER_NODE = 16
+
+
+class ConfigError(ValueError):
+    """A stack setting is wrong; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class ChartVersions:
+    gpu_operator: str = "v25.3.4"
+    volcano: str = "1.12.2"
+    dcgm_exporter: str = "4.4.1"
+    kube_prometheus_stack: str = "77.0.0"
+
+
+@dataclass(frozen=True)
+class K8sStackConfig:
+    image: str
+    storage_class: str
+    namespace: str = "sd3"
+    job_name: str = "sd3-train"
+    nodes: int = 2
+    gpus_per_node: int = 8
+    train_config: str = "/shared/configs/train.yaml"
+    shared_storage_gi: int = 1000
+    shared_mount_path: str = "/shared"
+    shm_gi: int = 64
+    cpu_per_node: str | None = None
+    memory_gi_per_node: int | None = None
+    rdma_resource: str | None = None
+    rdma_per_node: int = 0
+    rendezvous_port: int = 29400
+    max_retry: int = 3
+    queue: str = "default"
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    gpu_operator: bool = True
+    gpu_operator_driver: bool = True
+    gpu_operator_toolkit: bool = True
+    monitoring: bool = True
+    charts: ChartVersions = field(default_factory=ChartVersions)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def _key(name: str) -> str:
+    return f"sd3-cluster-k8s:{name}"
+
+
+def _int(values: Mapping[str, Any], name: str, default: int | None) -> int | None:
+    raw = values.get(name, default)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{_key(name)} is '{raw}', not a whole number: set it with `pulumi config set {name} N`") from None
+
+
+def _bool(values: Mapping[str, Any], name: str, default: bool) -> bool:
+    raw = values.get(name, default)
+    if isinstance(raw, bool):
+        return raw
+    if str(raw).lower() in ("true", "false"):
+        return str(raw).lower() == "true"
+    raise ConfigError(f"{_key(name)} is '{raw}': use true or false")
+
+
+def _label(values: Mapping[str, Any], name: str, default: str) -> str:
+    value = str(values.get(name, default))
+    if not _DNS_LABEL.match(value) or len(value) > 40:
+        raise ConfigError(f"{_key(name)} is '{value}': use up to 40 lower-case letters, digits and dashes "
+                          "(a Kubernetes name; pods are named after it)")
+    return value
+
+
+def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
+    """Validate the stack's settings (keys as in Pulumi.<stack>.yaml, without the project prefix)."""
+    image = str(values.get("image") or "")
+    if not image or " " in image:
+        raise ConfigError(f"{_key('image')} is missing: set the training image, one with the sd3cluster package "
+                          "and torchrun in it, e.g. `pulumi config set image registry.example.com/sd3cluster:1.0`")
+    storage_class = str(values.get("storageClassName") or "")
+    if not storage_class:
+        raise ConfigError(f"{_key('storageClassName')} is missing: the shared volume is ReadWriteMany; set a class "
+                          "that provides it (EFS CSI, FSx CSI, NFS CSI, CephFS), see `kubectl get storageclass`")
+
+    nodes = _int(values, "nodes", 2)
+    if not 1 <= nodes <= MAX_NODES:
+        raise ConfigError(f"{_key('nodes')} is {nodes}: the training job runs on 1 to {MAX_NODES} pods (one per node)")
+    gpus = _int(values, "gpusPerNode", 8)
+    if not 1 <= gpus <= MAX_GPUS_PER_NODE:
+        raise ConfigError(f"{_key('gpusPerNode')} is {gpus}: each pod takes 1 to {MAX_GPUS_PER_NODE} GPUs")
+
+    rdma_resource = values.get("rdmaResource") or None
+    rdma_per_node = _int(values, "rdmaPerNode", 1 if rdma_resource else 0)
+    if rdma_resource is not None and not _RESOURCE_NAME.match(str(rdma_resource)):
+        raise ConfigError(f"{_key('rdmaResource')} is '{rdma_resource}': give the extended resource the device "
+                          "plugin advertises, e.g. vpc.amazonaws.com/efa or rdma/rdma_shared_device_a")
+    if rdma_resource and rdma_per_node < 1:
+        raise ConfigError(f"{_key('rdmaPerNode')} is {rdma_per_node}: request at least 1 {rdma_resource} per pod")
+    if not rdma_resource and rdma_per_node:
+        raise ConfigError(f"{_key('rdmaPerNode')} is set but {_key('rdmaResource')} is not: name the resource too")
+
+    train_config = str(values.get("trainConfig", "/shared/configs/train.yaml"))
+    if not train_config.startswith("/"):
+        raise ConfigError(f"{_key('trainConfig')} is '{train_config}': give an absolute path inside the pod, "
+                          "e.g. /shared/configs/train.yaml on the shared volume")
+
+    shared_gi = _int(values, "sharedStorageGi", 1000)
+    shm_gi = _int(values, "shmGi", 64)
+    memory_gi = _int(values, "memoryGiPerNode", None)
+    for name, size in (("sharedStorageGi", shared_gi), ("shmGi", shm_gi)):
+        if size < 1:
+            raise ConfigError(f"{_key(name)} is {size}: give a size of 1 GiB or more")
+    if memory_gi is not None and memory_gi <= shm_gi:
+        raise ConfigError(f"{_key('memoryGiPerNode')} is {memory_gi} but /dev/shm takes {shm_gi} GiB of it "
+                          f"({_key('shmGi')}): raise the memory or lower shmGi")
+
+    port = _int(values, "rendezvousPort", 29400)
+    if not 1024 <= port <= 65535:
+        raise ConfigError(f"{_key('rendezvousPort')} is {port}: use a port from 1024 to 65535")
+
+    node_selector = values.get("nodeSelector") or {}
+    if not isinstance(node_selector, Mapping):
+        raise ConfigError(f"{_key('nodeSelector')} must be a map of node labels to values")
+
+    defaults = ChartVersions()
+    charts = ChartVersions(
+        gpu_operator=str(values.get("gpuOperatorVersion", defaults.gpu_operator)),
+        volcano=str(values.get("volcanoVersion", defaults.volcano)),
+        dcgm_exporter=str(values.get("dcgmExporterVersion", defaults.dcgm_exporter)),
+        kube_prometheus_stack=str(values.get("kubePrometheusStackVersion", defaults.kube_prometheus_stack)),
+    )
+    cpu = values.get("cpuPerNode")
+    return K8sStackConfig(
+        image=image,
+        storage_class=storage_class,
+        namespace=_label(values, "namespace", "sd3"),
+        job_name=_label(values, "jobName", "sd3-train"),
+        nodes=nodes,
+        gpus_per_node=gpus,
+        train_config=train_config,
+        shared_storage_gi=shared_gi,
+        shm_gi=shm_gi,
+        cpu_per_node=str(cpu) if cpu is not None else None,
+        memory_gi_per_node=memory_gi,
+        rdma_resource=str(rdma_resource) if rdma_resource else None,
+        rdma_per_node=rdma_per_node,
+        rendezvous_port=port,
+        max_retry=_int(values, "maxRetry", 3),
+        queue=str(values.get("queue", "default")),
+        node_selector={str(k): str(v) for k, v in node_selector.items()},
+        gpu_operator=_bool(values, "gpuOperator", True),
+        gpu_operator_driver=_bool(values, "gpuOperatorDriver", True),
+        gpu_operator_toolkit=_bool(values, "gpuOperatorToolkit", True),
+        monitoring=_bool(values, "monitoring", True),
+        charts=charts,
+    )
+
+
+CONFIG_KEYS = (
+    "image", "storageClassName", "namespace", "jobName", "nodes", "gpusPerNode", "trainConfig", "sharedStorageGi",
+    "shmGi", "cpuPerNode", "memoryGiPerNode", "rdmaResource", "rdmaPerNode", "rendezvousPort", "maxRetry", "queue",
+    "nodeSelector", "gpuOperator", "gpuOperatorDriver", "gpuOperatorToolkit", "monitoring", "gpuOperatorVersion",
+    "volcanoVersion", "dcgmExporterVersion", "kubePrometheusStackVersion",
+)
+
+
+def load_config() -> K8sStackConfig:
+    """Read this stack's settings from Pulumi; structured keys (maps) come back as objects."""
+    import pulumi
+
+    config = pulumi.Config()
+    values: dict[str, Any] = {}
+    for key in CONFIG_KEYS:
+        value = config.get_object(key) if key == "nodeSelector" else config.get(key)
+        if value is not None:
+            values[key] = value
+    return parse_config(values)

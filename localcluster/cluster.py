@@ -287,14 +287,25 @@ def cache_up() -> None:
 
 
 def down() -> None:
+    """Removes our nodes; the network and the package cache too unless another container (a molecule
+    scenario's node) still uses the network, because removing a network takes its containers with it."""
     check_host()
-    containers = owned("container")
-    if containers:
-        podman("rm", "-f", "-t", "5", *containers)
-    for network in owned("network"):
-        podman("network", "rm", "-f", network)
+    nodes = [name for name in owned("container") if name != CACHE_CONTAINER]
+    if nodes:
+        podman("rm", "-f", "-t", "5", *nodes)
     INVENTORY.unlink(missing_ok=True)
-    log(f"removed {len(containers)} container(s) and the network; the image and package cache are kept")
+    others = [name for name in podman("ps", "-a", "--filter", f"network={NETWORK}", "--format", "{{.Names}}").split()
+              if name != CACHE_CONTAINER]
+    if others:
+        log(f"removed {len(nodes)} node(s); the network {NETWORK} and the package cache stay: "
+            f"{', '.join(others)} still use them")
+        return
+    if CACHE_CONTAINER in owned("container"):
+        podman("rm", "-f", "-t", "5", CACHE_CONTAINER)
+    for network in owned("network"):
+        podman("network", "rm", network)
+    log(f"removed {len(nodes)} node(s), the package cache container and the network; "
+        f"the image and the cached packages are kept")
 
 
 def status() -> None:

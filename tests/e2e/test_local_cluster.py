@@ -1,0 +1,115 @@
+"""The local cluster of `make demo`, end to end: nodes that behave like servers, site.yml green and
+idempotent on them, and a cluster-down that removes only what cluster-up made.
+
+Needs `make cluster-up` first (the `e2e` target does it); marked `cluster` so `make unit` skips it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+INVENTORY = REPO / "inventories" / "local" / "hosts.yml"
+BIN = Path(sys.executable).parent
+ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+           CONTAINERS_CONF=str(REPO / "localcluster" / "containers.conf"))
+
+pytestmark = pytest.mark.cluster
+
+
+def run(*args: str, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO, timeout=timeout, check=False)
+    if check:
+        assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def inventory() -> dict:
+    assert INVENTORY.exists(), "no inventories/local/hosts.yml: run `make cluster-up` first"
+    return yaml.safe_load(INVENTORY.read_text())
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP lines as {host: {ok: n, changed: n, failed: n, ...}}."""
+    hosts = {}
+    for line in output.splitlines():
+        match = re.match(r"^(\S+)\s+: (ok=.*)$", line)
+        if match:
+            hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+    return hosts
+
+
+def test_inventory_has_the_groups_and_a_single_head():
+    children = inventory()["all"]["children"]
+    assert set(children) >= {"head", "gpu_nodes", "storage_nodes"}
+    assert list(children["head"]["hosts"]) == ["node1"]
+    assert len(children["storage_nodes"]["hosts"]) % inventory()["all"]["vars"]["cluster_storage_replica"] == 0
+
+
+def test_nodes_answer_over_ssh_with_strict_host_keys():
+    """Ansible reaches the nodes as servers: SSH on their addresses, a key, known host keys."""
+    inv = inventory()
+    key = inv["all"]["vars"]["ansible_ssh_private_key_file"]
+    known_hosts = REPO / ".cluster" / "known_hosts"
+    for name, host in inv["all"]["hosts"].items():
+        result = run("ssh", "-i", key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                     "-o", f"UserKnownHostsFile={known_hosts}", f"root@{host['ansible_host']}",
+                     "hostname; systemctl is-system-running; ip -o link show eth0", timeout=60)
+        lines = result.stdout.splitlines()
+        assert lines[0] == name
+        assert lines[1] in ("running", "degraded"), f"{name}: systemd is {lines[1]}"
+        assert "mtu 9000" in lines[2]
+
+
+def test_host_keys_differ_between_nodes():
+    """Each node makes its own host keys at first boot: none are baked into the image."""
+    keys = [line.split()[2] for line in (REPO / ".cluster" / "known_hosts").read_text().splitlines()
+            if " ssh-ed25519 " in line]
+    assert len(keys) == len(inventory()["all"]["hosts"])
+    assert len(set(keys)) == len(keys)
+
+
+def test_site_yml_is_green_then_changes_nothing():
+    first = run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", timeout=3600)
+    hosts = recap(first.stdout)
+    assert set(hosts) == set(inventory()["all"]["hosts"])
+    assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), first.stdout[-3000:]
+    second = run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", timeout=3600)
+    changed = {name: h["changed"] for name, h in recap(second.stdout).items()}
+    assert all(count == 0 for count in changed.values()), f"second run changed something: {changed}"
+
+
+def test_apt_on_nodes_goes_through_the_shared_cache():
+    inv = inventory()
+    key = inv["all"]["vars"]["ansible_ssh_private_key_file"]
+    result = run("ssh", "-i", key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                 "-o", f"UserKnownHostsFile={REPO / '.cluster' / 'known_hosts'}",
+                 f"root@{inv['all']['hosts']['node1']['ansible_host']}", "apt-config dump Acquire::http::Proxy")
+    assert re.search(r'Acquire::http::Proxy "http://[\d.]+:3142"', result.stdout), result.stdout
+
+
+def test_cluster_down_removes_only_what_cluster_up_made():
+    """A container and a network that are not ours survive cluster-down; then the cluster comes back."""
+    nodes = len(inventory()["all"]["hosts"])
+    image = run("bash", "localcluster/node-image.sh", "--print-tag").stdout.strip()
+    run("podman", "network", "create", "sd3-test-bystander-net")
+    run("podman", "run", "-d", "--name", "sd3-test-bystander", "--network", "sd3-test-bystander-net",
+        image, "sleep", "600")
+    try:
+        run(str(BIN / "python"), "localcluster/cluster.py", "down")
+        nodes_left = run("podman", "ps", "-a", "--filter", "label=io.sd3-cluster.role=node", "--format", "{{.Names}}")
+        assert nodes_left.stdout.strip() == ""
+        assert run("podman", "container", "exists", "sd3-test-bystander", check=False).returncode == 0
+        assert run("podman", "network", "exists", "sd3-test-bystander-net", check=False).returncode == 0
+        assert not INVENTORY.exists()
+    finally:
+        run("podman", "rm", "-f", "-t", "0", "sd3-test-bystander", check=False)
+        run("podman", "network", "rm", "-f", "sd3-test-bystander-net", check=False)
+        run(str(BIN / "python"), "localcluster/cluster.py", "up", "--nodes", str(nodes))
+    assert inventory()["all"]["hosts"]

@@ -5,12 +5,10 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-from helpers import AWS_VALUES, integral
 from sd3_aws.compute import CANONICAL_OWNER_ID
 from sd3_aws.config import parse_config
 from sd3_aws.stack import build
-
-from conftest import declare
+from sd3_pulumi_testing import AWS_VALUES, declare, integral
 
 INSTANCE = "aws:ec2/instance:Instance"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -108,7 +106,8 @@ def test_no_ingress_from_the_world(pulumi_mocks):
 
 def test_only_the_head_takes_ssh_from_outside(pulumi_mocks):
     _declare(pulumi_mocks)
-    ssh_group = next(g for g in pulumi_mocks.of_type(SECURITY_GROUP) if g.inputs["tags"]["sd3-cluster:role"] == "ssh-sg")
+    groups = pulumi_mocks.of_type(SECURITY_GROUP)
+    ssh_group = next(g for g in groups if g.inputs["tags"]["sd3-cluster:role"] == "ssh-sg")
     head = next(r for r in pulumi_mocks.of_type(INSTANCE) if r.inputs["tags"]["sd3-cluster:role"] == "head")
     assert f"{ssh_group.name}-id" in head.inputs["vpcSecurityGroupIds"]
     (template,) = pulumi_mocks.of_type(LAUNCH_TEMPLATE)

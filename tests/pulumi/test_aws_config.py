@@ -1,0 +1,114 @@
+"""pulumi/aws: a bad stack config stops with its message before any resource is declared."""
+
+from __future__ import annotations
+
+import runpy
+
+import pulumi
+import pytest
+from sd3_aws.config import ConfigError, parse_config
+from sd3_pulumi_testing import AWS_VALUES, REPO, RecordingMocks
+
+BAD_CONFIGS = [
+    ({"gpuNodeCount": 0}, "gpuNodeCount is 0: a cluster has 1 to 64 GPU nodes"),
+    ({"gpuNodeCount": 65}, "gpuNodeCount is 65"),
+    ({"gpuNodeCount": "two"}, "not a whole number"),
+    ({"gpuInstanceType": "p9.96xlarge"}, "gpuInstanceType is 'p9.96xlarge', which this stack does not know"),
+    ({"adminCidrs": None}, "adminCidrs is missing"),
+    ({"adminCidrs": []}, "adminCidrs is missing"),
+    ({"adminCidrs": ["0.0.0.0/0"]}, "opens SSH to the whole internet"),
+    ({"adminCidrs": ["203.0.113.0/24", "::/0"]}, "opens SSH to the whole internet"),
+    ({"adminCidrs": ["203.0.113.5/24"]}, "not a network in CIDR form"),
+    ({"availabilityZone": None}, "availabilityZone is missing"),
+    ({"sshPublicKey": ""}, "sshPublicKey is missing or not an OpenSSH public key"),
+    ({"clusterName": "SD3_cluster"}, "clusterName is 'SD3_cluster'"),
+    ({"purchaseOption": "reserved"}, "purchaseOption is 'reserved': choose one of"),
+    ({"purchaseOption": "capacity-block"}, "capacityReservationId is missing"),
+    ({"purchaseOption": "capacity-reservation", "capacityReservationId": "r-123"}, "looks like cr-"),
+    ({"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId is set but"),
+    ({"spotMaxPrice": "10"}, "it applies to spot only"),
+    ({"vpcCidr": "8.8.0.0/16"}, "use a private IPv4 network"),
+    ({"vpcCidr": "10.0.0.0/8"}, "use a private IPv4 network"),
+    ({"sharedFileSystem": "s3"}, "sharedFileSystem is 's3'"),
+    ({"fsxStorageCapacityGb": 2000}, "takes 1200 or a multiple of 2400"),
+    ({"fsxThroughputMbPerTib": 300}, "fsxThroughputMbPerTib is 300"),
+    ({"gpuRootVolumeGb": 10}, "gpuRootVolumeGb is 10"),
+    ({"amiId": "ubuntu"}, "amiId is 'ubuntu'"),
+    ({"efa": "maybe"}, "efa is 'maybe': use true or false"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
+def test_bad_config_is_refused_with_its_message(overrides, message):
+    values = {**AWS_VALUES, **overrides}
+    values = {key: value for key, value in values.items() if value is not None}
+    with pytest.raises(ConfigError, match=None) as caught:
+        parse_config(values)
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("sd3-cluster-aws:")
+
+
+def test_good_config_reads_types_and_defaults():
+    config = parse_config({**AWS_VALUES, "gpuNodeCount": "4", "efa": "false"})
+    assert config.gpu_node_count == 4 and config.efa is False and config.efa_interfaces == 0
+    assert config.gpu_instance_type.efa_interfaces == 32
+    assert config.purchase_option == "on-demand" and config.shared_filesystem == "fsx-lustre"
+    with pytest.raises(AttributeError):
+        config.gpu_node_count = 8  # frozen
+
+
+def _run_main(config: dict[str, str]) -> RecordingMocks:
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="sd3-cluster-aws", stack="test", preview=False)
+    pulumi.runtime.set_all_config(config)
+
+    @pulumi.runtime.test
+    def program():
+        runpy.run_path(str(REPO / "pulumi" / "aws" / "__main__.py"), run_name="__main__")
+
+    try:
+        program()
+    finally:
+        pulumi.runtime.set_all_config({})
+    return mocks
+
+
+def _stack_config(**overrides: str) -> dict[str, str]:
+    config = {
+        "sd3-cluster-aws:availabilityZone": "us-east-1a",
+        "sd3-cluster-aws:adminCidrs": '["203.0.113.0/24"]',
+        "sd3-cluster-aws:sshPublicKey": AWS_VALUES["sshPublicKey"],
+        "sd3-cluster-aws:gpuNodeCount": "2",
+    }
+    config.update({f"sd3-cluster-aws:{key}": value for key, value in overrides.items()})
+    return config
+
+
+def test_main_declares_the_stack_from_pulumi_config():
+    mocks = _run_main(_stack_config(tags='{"team": "vision"}'))
+    assert len(mocks.of_type("aws:ec2/instance:Instance")) == 3
+    assert all(r.inputs["tags"]["team"] == "vision" for r in mocks.of_type("aws:ec2/instance:Instance"))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"gpuNodeCount": "0"}, "gpuNodeCount is 0"),
+    ({"adminCidrs": '["0.0.0.0/0"]'}, "opens SSH to the whole internet"),
+    ({"gpuInstanceType": "x1.32xlarge"}, "does not know"),
+])
+def test_main_stops_before_any_resource(overrides, message):
+    with pytest.raises(pulumi.RunError, match=message):
+        _run_main(_stack_config(**overrides))
+
+
+def test_main_without_admin_cidr_declares_nothing():
+    config = _stack_config()
+    del config["sd3-cluster-aws:adminCidrs"]
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="sd3-cluster-aws", stack="test", preview=False)
+    pulumi.runtime.set_all_config(config)
+    try:
+        with pytest.raises(pulumi.RunError, match="adminCidrs is missing"):
+            runpy.run_path(str(REPO / "pulumi" / "aws" / "__main__.py"), run_name="__main__")
+    finally:
+        pulumi.runtime.set_all_config({})
+    assert mocks.resources == []

@@ -9,7 +9,8 @@ nodes=${1:-3}
 export CONTAINERS_CONF=$PWD/localcluster/containers.conf ANSIBLE_CONFIG=$PWD/ansible.cfg
 py=.venv/bin/python
 tag=$(bash localcluster/node-image.sh --print-tag)
-t() { local s; s=$(date +%s.%N); "$@" >/dev/null 2>&1; echo "$(echo "$(date +%s.%N) - $s" | bc)"; }
+# Seconds a command took (it must succeed).
+t() { local s=$EPOCHREALTIME; "$@" >/dev/null 2>&1; python3 -c "print($EPOCHREALTIME - $s)"; }
 
 $py localcluster/cluster.py down >/dev/null
 podman rmi -f "$tag" "${tag/sd3-node:/sd3-pkgcache:}" >/dev/null 2>&1 || true

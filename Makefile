@@ -14,7 +14,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 # The node image molecule scenarios boot (the tag is the hash of its recipe).
 export SD3_NODE_IMAGE := $(shell bash localcluster/node-image.sh --print-tag)
-# Molecule scenarios run in this order; each one lists its own nodes.
+# Molecule scenarios (each lists its own nodes), MOLECULE_JOBS at a time.
+MOLECULE_JOBS ?= 2
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 PLAYBOOKS := site.yml $(wildcard ansible/playbooks/*.yml)
 
@@ -68,7 +69,7 @@ unit: venv ## pytest: workloads, pulumi, inventory and preflight checks (no cont
 
 molecule: venv ## Every molecule scenario on podman nodes (create, converge, idempotence, verify)
 	@$(PY) localcluster/cluster.py cache-up
-	@for s in $(SCENARIOS); do echo "[molecule] $$s"; $(BIN)/molecule test -s $$s || exit 1; done
+	@bash localcluster/run-scenarios.sh $(MOLECULE_JOBS) $(SCENARIOS)
 
 e2e: cluster-up ## The local cluster end to end: site.yml, then the cluster tests
 	@$(BIN)/pytest -q -m cluster tests

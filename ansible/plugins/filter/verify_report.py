@@ -23,13 +23,17 @@ def verify_table(checks: list[dict]) -> str:
         if check.get("unit") and check.get("value") is not None:
             measured = f"{measured} {check['unit']}"
         rows.append((check.get("layer", "?"), check.get("check", "?"), check.get("host", "cluster"), measured,
-                     _cell(check.get("threshold")), "pass" if check.get("passed") else "FAIL"))
+                     _cell(check.get("threshold")),
+                     "skip" if check.get("skipped") else "pass" if check.get("passed") else "FAIL"))
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in [header, tuple("-" * w for w in widths), *rows]]
-    failed = [c for c in checks if not c.get("passed")]
+    failed = verify_failed(checks)
+    skipped = [c for c in checks if c.get("skipped")]
     lines.append("")
-    lines.append(f"{len(checks) - len(failed)} passed, {len(failed)} failed" if checks else "no checks ran")
+    passed = len(checks) - len(failed) - len(skipped)
+    summary = f"checks: {passed} passed, {len(failed)} failed, {len(skipped)} skipped"
+    lines.append(summary if checks else "no checks ran")
     for check in failed:
         lines.append(f"FAIL {check.get('layer')}/{check.get('check')} on {check.get('host', 'cluster')}: "
                      f"{check.get('detail') or 'see the report'}")
@@ -37,8 +41,8 @@ def verify_table(checks: list[dict]) -> str:
 
 
 def verify_failed(checks: list[dict]) -> list[dict]:
-    """The checks that did not pass."""
-    return [check for check in checks if not check.get("passed")]
+    """The checks that did not pass (a skipped check is not a failure)."""
+    return [check for check in checks if not check.get("passed") and not check.get("skipped")]
 
 
 class FilterModule:

@@ -1,0 +1,278 @@
+#!/usr/bin/python
+"""Ansible module: a GlusterFS volume as data. Reads `gluster volume info NAME --xml`, then acts only on drift:
+create, add bricks in whole replica sets (then rebalance), set options that differ, start or stop, delete."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+---
+module: gluster_volume
+short_description: Create, grow, configure and start a GlusterFS volume, acting only on drift
+description:
+  - Reads the volume with C(gluster volume info NAME --xml) and runs only the commands needed to reach the
+    wanted state, so a second run changes nothing.
+  - New bricks are added in whole replica sets, in the order given (list bricks so that consecutive groups of
+    C(replica) bricks lie on different servers), and a rebalance is started after them.
+  - Never removes bricks nor changes the replica count of an existing volume; it stops with a message instead.
+  - Supports check mode (reports the commands it would run).
+options:
+  name:
+    description: Volume name.
+    type: str
+    required: true
+  state:
+    description: C(started) (created and running), C(present) (created, left as it is), C(stopped), or C(absent)
+      (stopped and deleted; the brick directories and their data stay on disk).
+    type: str
+    choices: [started, present, stopped, absent]
+    default: started
+  bricks:
+    description: Every brick of the volume as C(host:/path), grouped in replica sets of C(replica) bricks.
+    type: list
+    elements: str
+    default: []
+  replica:
+    description: Copies of every file (1 is a plain distributed volume).
+    type: int
+    default: 3
+  arbiter:
+    description: Arbiter bricks per replica set (0 or 1; the last brick of each set then holds metadata only).
+    type: int
+    default: 0
+  transport:
+    description: Brick transport.
+    type: str
+    choices: [tcp, rdma, "tcp,rdma"]
+    default: tcp
+  options:
+    description: Volume options (C(gluster volume set)); values are compared as strings, booleans as on/off.
+    type: dict
+    default: {}
+  force:
+    description: Pass C(force) to create and add-brick, which gluster requires for bricks on the root file system.
+    type: bool
+    default: false
+  rebalance:
+    description: Start a rebalance after bricks were added.
+    type: bool
+    default: true
+author: sd3-cluster developers
+"""
+
+EXAMPLES = r"""
+- name: A replica-3 volume on three storage nodes
+  gluster_volume:
+    name: shared
+    replica: 3
+    bricks: [10.0.0.11:/data/glusterfs/brick1/shared, 10.0.0.12:/data/glusterfs/brick1/shared,
+             10.0.0.13:/data/glusterfs/brick1/shared]
+    options:
+      auth.allow: 10.0.0.11,10.0.0.12,10.0.0.13
+      network.ping-timeout: "10"
+"""
+
+RETURN = r"""
+commands:
+  description: The gluster commands run (or that would run, in check mode).
+  type: list
+  returned: always
+volume:
+  description: The volume as read after the change (status, replica, bricks, options); empty when absent.
+  type: dict
+  returned: always
+warnings_found:
+  description: Drift the module does not repair itself (bricks to remove), with what to do.
+  type: list
+  returned: always
+"""
+
+MISSING_VOLUME_ERRNO = "30806"
+
+
+class GlusterError(Exception):
+    """The gluster CLI failed or answered something we cannot read."""
+
+
+def parse_volume_info(text):
+    """The one volume of `gluster volume info NAME --xml` as a dict, or None when it does not exist."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as err:
+        raise GlusterError(f"gluster printed no readable XML ({err}): {text[:300]!r}") from err
+    if root.findtext("opRet", "0").strip() != "0":
+        errstr = root.findtext("opErrstr", "").strip()
+        if root.findtext("opErrno", "").strip() == MISSING_VOLUME_ERRNO or "does not exist" in errstr:
+            return None
+        raise GlusterError(errstr or "gluster volume info failed")
+    volume = root.find("volInfo/volumes/volume")
+    if volume is None:
+        return None
+    bricks = []
+    for brick in volume.findall("bricks/brick"):
+        name = brick.findtext("name") or (brick.text or "")
+        bricks.append({"name": name.strip(), "arbiter": brick.findtext("isArbiter", "0").strip() == "1"})
+    return {
+        "name": volume.findtext("name", "").strip(),
+        "id": volume.findtext("id", "").strip(),
+        "status": volume.findtext("statusStr", "").strip(),
+        "type": volume.findtext("typeStr", "").strip(),
+        "replica": int(volume.findtext("replicaCount", "1")),
+        "arbiter": int(volume.findtext("arbiterCount", "0")),
+        "distribute": int(volume.findtext("distCount", "1")),
+        "bricks": [b["name"] for b in bricks],
+        "options": {o.findtext("name", "").strip(): o.findtext("value", "").strip()
+                    for o in volume.findall("options/option")},
+    }
+
+
+def option_value(value):
+    """How gluster stores an option value: YAML booleans as on/off, everything else as its string."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def layout_problems(params):
+    """Problems of the wanted layout itself, each with its fix; empty when it can be built."""
+    problems = []
+    replica, bricks = params["replica"], params["bricks"]
+    if replica < 1:
+        problems.append(f"replica is {replica}: use 1 or more (3 is the safe default)")
+    if params["arbiter"] not in (0, 1):
+        problems.append(f"arbiter is {params['arbiter']}: use 0 or 1")
+    if params["arbiter"] and replica != 3:
+        problems.append(f"an arbiter needs replica 3, not {replica}")
+    if params["state"] in ("started", "present") and not bricks:
+        problems.append("no bricks given: list them as host:/path")
+    if replica >= 1 and len(bricks) % replica:
+        problems.append(f"{len(bricks)} bricks is not a multiple of replica {replica}: add or remove bricks")
+    for brick in bricks:
+        host, _, path = brick.partition(":")
+        if not host or not path.startswith("/"):
+            problems.append(f"brick {brick!r} is not host:/absolute/path")
+    if len(set(bricks)) != len(bricks):
+        problems.append("a brick is listed twice: every brick needs its own host:/path")
+    for start in range(0, len(bricks) - replica + 1 if replica > 1 else 0, max(replica, 1)):
+        hosts = [b.partition(":")[0] for b in bricks[start:start + replica]]
+        if len(set(hosts)) != len(hosts):
+            problems.append(f"replica set {start // replica + 1} ({', '.join(bricks[start:start + replica])}) has two "
+                            "bricks on one server: order the bricks so each set spans different servers")
+    return problems
+
+
+def plan(current, params):
+    """The gluster command lines (argument lists after `gluster`) that take current to the wanted state,
+    and the drift left for a person to act on."""
+    name, state = params["name"], params["state"]
+    force = ["force"] if params["force"] else []
+    commands, warnings = [], []
+    if state == "absent":
+        if current is not None:
+            if current["status"] == "Started":
+                commands.append(["volume", "stop", name])
+            commands.append(["volume", "delete", name])
+        return commands, warnings
+
+    options = {key: option_value(value) for key, value in params["options"].items()}
+    if current is None:
+        layout = ["replica", str(params["replica"])] if params["replica"] > 1 else []
+        if params["arbiter"]:
+            layout += ["arbiter", str(params["arbiter"])]
+        commands.append(["volume", "create", name, *layout, "transport", params["transport"],
+                         *params["bricks"], *force])
+        current_options, current_status = {}, "Created"
+    else:
+        if current["replica"] != params["replica"] or current["arbiter"] != params["arbiter"]:
+            raise GlusterError(
+                f"volume {name} is replica {current['replica']} arbiter {current['arbiter']}, the wanted one is "
+                f"replica {params['replica']} arbiter {params['arbiter']}: changing it is not automatic (data "
+                "moves); set the volume's replica back, or convert it by hand with add-brick/remove-brick")
+        added = [b for b in params["bricks"] if b not in current["bricks"]]
+        extra = [b for b in current["bricks"] if b not in params["bricks"]]
+        if extra:
+            warnings.append(f"volume {name} has bricks that are not wanted: {', '.join(extra)}; they are kept. "
+                            "Remove them with `gluster volume remove-brick` (start, then commit) after draining.")
+        if added:
+            if len(added) % params["replica"]:
+                raise GlusterError(
+                    f"{len(added)} new brick(s) for volume {name} ({', '.join(added)}) is not a multiple of replica "
+                    f"{params['replica']}: add storage nodes (or bricks per node) so new bricks come in whole sets")
+            for start in range(0, len(added), params["replica"]):
+                hosts = [b.partition(":")[0] for b in added[start:start + params["replica"]]]
+                if params["replica"] > 1 and len(set(hosts)) != len(hosts):
+                    raise GlusterError(
+                        f"the new bricks {', '.join(added[start:start + params['replica']])} would form a replica set "
+                        "with two copies on one server: add storage nodes in groups of the replica count")
+            commands.append(["volume", "add-brick", name, *added, *force])
+            if params["rebalance"]:
+                commands.append(["volume", "rebalance", name, "start"])
+        current_options, current_status = current["options"], current["status"]
+
+    for key in sorted(options):
+        if current_options.get(key) != options[key]:
+            commands.append(["volume", "set", name, key, options[key]])
+    if state == "started" and current_status != "Started":
+        commands.append(["volume", "start", name])
+    if state == "stopped" and current_status == "Started":
+        commands.append(["volume", "stop", name])
+    return commands, warnings
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "name": {"type": "str", "required": True},
+            "state": {"type": "str", "default": "started", "choices": ["started", "present", "stopped", "absent"]},
+            "bricks": {"type": "list", "elements": "str", "default": []},
+            "replica": {"type": "int", "default": 3},
+            "arbiter": {"type": "int", "default": 0},
+            "transport": {"type": "str", "default": "tcp", "choices": ["tcp", "rdma", "tcp,rdma"]},
+            "options": {"type": "dict", "default": {}},
+            "force": {"type": "bool", "default": False},
+            "rebalance": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    gluster = module.get_bin_path("gluster", required=True)
+
+    def info():
+        rc, out, err = module.run_command([gluster, "--mode=script", "volume", "info", params["name"], "--xml"])
+        if not out.strip():
+            module.fail_json(msg=f"`gluster volume info {params['name']}` printed nothing (rc {rc}: {err.strip()}): "
+                             "is glusterd running on this node?")
+        try:
+            return parse_volume_info(out)
+        except GlusterError as error:
+            module.fail_json(msg=f"reading volume {params['name']} failed: {error}")
+
+    if params["state"] != "absent":
+        problems = layout_problems(params)
+        if problems:
+            module.fail_json(msg=f"volume {params['name']} cannot be built as given; nothing was changed: "
+                             + "; ".join(problems))
+    current = info()
+    try:
+        commands, warnings = plan(current, params)
+    except GlusterError as error:
+        module.fail_json(msg=f"{error}; nothing was changed", volume=current or {})
+    for warning in warnings:
+        module.warn(warning)
+    if module.check_mode or not commands:
+        module.exit_json(changed=bool(commands), commands=[" ".join(c) for c in commands], volume=current or {},
+                         warnings_found=warnings)
+
+    for command in commands:
+        rc, out, err = module.run_command([gluster, "--mode=script", *command])
+        if rc != 0:
+            module.fail_json(msg=f"`gluster {' '.join(command)}` failed: {(err or out).strip()}",
+                             commands=[" ".join(c) for c in commands], volume=info() or {})
+    module.exit_json(changed=True, commands=[" ".join(c) for c in commands], volume=info() or {},
+                     warnings_found=warnings)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Unit tests of our gluster modules on XML that gluster 10.3 printed (tests/storage/data), no gluster needed."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parent / "data"
+BRICKS3 = [f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (1, 2, 3)]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "ansible" / "plugins" / "modules" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gluster_volume = load("gluster_volume")
+gluster_peer = load("gluster_peer")
+
+
+def params(**overrides):
+    base = {"name": "shared", "state": "started", "bricks": list(BRICKS3), "replica": 3, "arbiter": 0,
+            "transport": "tcp", "options": {}, "force": False, "rebalance": True}
+    return {**base, **overrides}
+
+
+def volume(**overrides):
+    base = {"name": "shared", "status": "Started", "replica": 3, "arbiter": 0, "distribute": 1,
+            "bricks": list(BRICKS3), "options": {}}
+    return {**base, **overrides}
+
+
+def test_volume_info_is_read_from_gluster_xml():
+    info = gluster_volume.parse_volume_info((DATA / "volume_info_replica2.xml").read_text())
+    assert info["name"] == "shared"
+    assert info["status"] == "Created"
+    assert info["replica"] == 2
+    assert info["arbiter"] == 0
+    assert info["bricks"] == ["10.213.0.31:/data/glusterfs/shared/brick1", "10.213.0.32:/data/glusterfs/shared/brick1"]
+    assert info["options"]["nfs.disable"] == "on"
+    assert info["options"]["performance.client-io-threads"] == "off"
+
+
+def test_missing_volume_reads_as_none():
+    assert gluster_volume.parse_volume_info((DATA / "volume_info_missing.xml").read_text()) is None
+
+
+def test_other_gluster_errors_are_raised_with_glusters_message():
+    with pytest.raises(gluster_volume.GlusterError, match="root partition"):
+        gluster_volume.parse_volume_info((DATA / "create_root_partition_error.xml").read_text())
+
+
+def test_missing_volume_is_created_then_configured_then_started():
+    commands, warnings = gluster_volume.plan(None, params(options={"network.ping-timeout": 10}, force=True))
+    assert commands == [
+        ["volume", "create", "shared", "replica", "3", "transport", "tcp", *BRICKS3, "force"],
+        ["volume", "set", "shared", "network.ping-timeout", "10"],
+        ["volume", "start", "shared"],
+    ]
+    assert warnings == []
+
+
+def test_arbiter_volume_is_created_with_arbiter_count():
+    commands, _ = gluster_volume.plan(None, params(arbiter=1, state="present"))
+    assert commands == [["volume", "create", "shared", "replica", "3", "arbiter", "1", "transport", "tcp", *BRICKS3]]
+
+
+def test_converged_volume_needs_no_command():
+    current = volume(options={"auth.allow": "10.0.0.11,10.0.0.12", "cluster.self-heal-daemon": "on"})
+    wanted = params(options={"auth.allow": "10.0.0.11,10.0.0.12", "cluster.self-heal-daemon": True})
+    assert gluster_volume.plan(current, wanted) == ([], [])
+
+
+def test_only_drifted_options_are_set():
+    current = volume(options={"auth.allow": "10.0.0.11", "network.ping-timeout": "10"})
+    commands, _ = gluster_volume.plan(current, params(options={"auth.allow": "10.0.0.11,10.0.0.14",
+                                                                "network.ping-timeout": "10"}))
+    assert commands == [["volume", "set", "shared", "auth.allow", "10.0.0.11,10.0.0.14"]]
+
+
+def test_new_bricks_are_added_as_a_replica_set_then_rebalanced():
+    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
+    commands, _ = gluster_volume.plan(volume(), params(bricks=grown))
+    assert commands == [["volume", "add-brick", "shared", *grown[3:]], ["volume", "rebalance", "shared", "start"]]
+
+
+def test_new_bricks_that_are_not_a_whole_replica_set_are_refused():
+    with pytest.raises(gluster_volume.GlusterError, match="not a multiple of replica 3"):
+        gluster_volume.plan(volume(), params(bricks=[*BRICKS3, "10.0.0.14:/data/glusterfs/brick1/shared"]))
+
+
+def test_new_replica_set_on_one_server_is_refused():
+    one_server = [f"10.0.0.14:/data/glusterfs/brick{i}/shared" for i in (1, 2, 3)]
+    with pytest.raises(gluster_volume.GlusterError, match="two copies on one server"):
+        gluster_volume.plan(volume(), params(bricks=[*BRICKS3, *one_server]))
+
+
+def test_replica_change_of_an_existing_volume_is_refused():
+    with pytest.raises(gluster_volume.GlusterError, match=r"replica 2 arbiter 0.*replica 3"):
+        gluster_volume.plan(volume(replica=2), params())
+
+
+def test_unwanted_bricks_are_kept_with_a_warning():
+    commands, warnings = gluster_volume.plan(volume(bricks=[*BRICKS3, "10.0.0.19:/x", "10.0.0.18:/x", "10.0.0.17:/x"]),
+                                             params())
+    assert commands == []
+    assert "remove-brick" in warnings[0]
+
+
+def test_stopped_volume_is_started_and_absent_volume_is_stopped_then_deleted():
+    assert gluster_volume.plan(volume(status="Stopped"), params()) == ([["volume", "start", "shared"]], [])
+    assert gluster_volume.plan(volume(), params(state="absent")) == (
+        [["volume", "stop", "shared"], ["volume", "delete", "shared"]], [])
+    assert gluster_volume.plan(None, params(state="absent")) == ([], [])
+
+
+@pytest.mark.parametrize(("overrides", "problem"), [
+    ({"bricks": BRICKS3[:2]}, "not a multiple of replica 3"),
+    ({"bricks": [*BRICKS3[:2], BRICKS3[0].replace("brick1", "brick2")]}, "two bricks on one server"),
+    ({"bricks": ["10.0.0.11/data"] * 3}, "not host:/absolute/path"),
+    ({"arbiter": 1, "replica": 2, "bricks": BRICKS3[:2]}, "an arbiter needs replica 3"),
+    ({"replica": 0}, "replica is 0"),
+])
+def test_layout_problems_name_the_fix(overrides, problem):
+    assert any(problem in p for p in gluster_volume.layout_problems(params(**overrides)))
+
+
+def test_good_layout_has_no_problems():
+    assert gluster_volume.layout_problems(params()) == []
+
+
+def test_option_values_are_compared_as_gluster_stores_them():
+    assert gluster_volume.option_value(True) == "on"
+    assert gluster_volume.option_value(False) == "off"
+    assert gluster_volume.option_value(10) == "10"
+
+
+def test_pool_is_read_and_missing_peers_found():
+    pool = gluster_peer.parse_pool((DATA / "pool_list.xml").read_text())
+    assert [p["hostnames"] for p in pool] == [["10.213.0.32"], ["localhost"]]
+    assert pool[1]["local"] and pool[1]["state"] == gluster_peer.IN_CLUSTER
+    assert gluster_peer.missing_peers(pool, ["10.213.0.32", "10.213.0.33"]) == ["10.213.0.33"]
+    assert gluster_peer.unhealthy_peers(pool, ["10.213.0.32"]) == []
+
+
+def test_disconnected_peer_is_unhealthy():
+    pool = gluster_peer.parse_pool((DATA / "pool_list.xml").read_text().replace("<connected>1</connected>",
+                                                                                 "<connected>0</connected>", 1))
+    assert gluster_peer.unhealthy_peers(pool, ["10.213.0.32"]) == ["10.213.0.32"]
+
+
+def test_pool_error_is_raised():
+    with pytest.raises(gluster_peer.GlusterError, match="does not exist"):
+        gluster_peer.parse_pool((DATA / "volume_info_missing.xml").read_text())

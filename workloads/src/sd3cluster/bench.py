@@ -101,7 +101,7 @@ def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text
     model = build_transformer(preset, device=device)
     params = count_parameters(model)
     if o["fuse"]:
-        fuse_qkv(model)
+        fuse_qkv(model, attention_backend=o["attn"])
     bf16_weights = o["weights"] == "bf16"
     if o["fsdp"]:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -111,10 +111,9 @@ def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text
         for block in model.transformer_blocks:
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
-        bf16_weights = False
         optimizer: Any = make_adamw(list(model.parameters()), optim, device)
     elif bf16_weights:
-        model.to(torch.bfloat16)
+        model.to(dtype=torch.bfloat16)
         optimizer = MasterWeightAdamW(model, optim, device)
     else:
         optimizer = make_adamw(list(model.parameters()), optim, device)
@@ -126,9 +125,11 @@ def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text
         for block in model.transformer_blocks:
             block.compile(mode=None if o.get("mode", "default") == "default" else o["mode"])
     model.train()
-    dtype = torch.bfloat16 if bf16_weights else torch.float32
+    # bf16 weights, or FSDP2's bf16 compute copies of fp32 masters: inputs in bf16 and no autocast.
+    low_precision = bf16_weights or bool(o["fsdp"])
+    dtype = torch.bfloat16 if low_precision else torch.float32
     inputs = example_inputs(preset, batch, resolution, text_tokens, device, dtype)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=not bf16_weights)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=not low_precision)
     gen = torch.Generator(device=device).manual_seed(0)
 
     def step() -> torch.Tensor:
@@ -162,6 +163,10 @@ def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text
     images_per_s = batch / step_s
     mfu = flops_per_image * images_per_s / (peak_tflops * 1e12)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    if o["fsdp"]:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return BenchResult(variant.name, preset, resolution, batch, params, step_s, images_per_s, mfu, peak, loss,
                        compile_s)
 

@@ -9,8 +9,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .errors import UserError
 
-class ConfigError(Exception):
+
+class ConfigError(UserError):
     """A configuration value is wrong; the message names the key and the fix."""
 
 
@@ -62,6 +64,7 @@ class OptimConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(100, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     grad_accum: int = Field(1, ge=1)
     parallel: Literal["ddp", "fsdp"] = "ddp"
     precision: Literal["bf16", "fp32"] = "bf16"
@@ -90,11 +93,25 @@ class VerifyConfig(_Section):
     steps: int = Field(3, ge=1, description="N steps for the identical-parameters and DDP-equality checks")
     resume_k: int = Field(2, ge=1, description="k of the resume check: 2k straight vs k + resume + k")
     overfit_steps: int = Field(30, ge=2)
+    overfit_lr: float = Field(5e-3, gt=0, description="learning rate of the overfit check (lower it for big presets)")
+    overfit_ratio: float = Field(0.5, gt=0, description="pass when last loss / first loss is below this")
     allreduce_sizes_mb: list[float] = [0.25, 4.0, 32.0]
     min_busbw_gbps: float = Field(0.05, ge=0)
     min_images_per_s: float = Field(0.0, ge=0)
     tolerance: float = Field(1e-4, gt=0, description="max abs parameter difference for DDP == one process")
     report: Path = Path("verify-report.json")
+
+
+class PrepareConfig(_Section):
+    images: Path | None = Field(None, description="folder of images, each with a caption file NAME.txt beside it")
+    encoders: Path | None = Field(None, description="local SD3 folder: vae/, text_encoder{,_2,_3}/, tokenizer{,_2,_3}/")
+    out: Path | None = Field(None, description="folder the shards and index.json are written to")
+    shard_size: int = Field(256, ge=1)
+    batch_size: int = Field(8, ge=1)
+    clip_tokens: int = Field(77, ge=1)
+    t5_tokens: int = Field(77, ge=1)
+    synthetic: int = Field(0, ge=0, description="write this many synthetic samples instead (model.preset's shapes)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 class BenchConfig(_Section):
@@ -113,6 +130,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     output: OutputConfig = OutputConfig()
     verify: VerifyConfig = VerifyConfig()
+    prepare: PrepareConfig = PrepareConfig()
     bench: BenchConfig = BenchConfig()
 
     def pretty(self) -> str:

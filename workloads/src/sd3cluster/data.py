@@ -1,0 +1,185 @@
+"""Shards of VAE latents and text embeddings, a synthetic source, and a resumable distributed batch sampler."""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .errors import DataError
+
+INDEX = "index.json"
+KEYS = ("latents", "prompt_embeds", "pooled")
+
+
+@dataclass
+class Batch:
+    latents: torch.Tensor
+    prompt_embeds: torch.Tensor
+    pooled: torch.Tensor
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.latents, self.prompt_embeds, self.pooled)))
+
+
+class ShardWriter:
+    """Writes samples into numbered safetensors shards and, on close, the index that makes them a dataset."""
+
+    def __init__(self, out: Path, shard_size: int = 256, meta: dict | None = None):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.shard_size = shard_size
+        self.meta = dict(meta or {})
+        self.pending: dict[str, list[torch.Tensor]] = {k: [] for k in KEYS}
+        self.shards: list[dict] = []
+
+    def add(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, pooled: torch.Tensor) -> None:
+        for key, t in zip(KEYS, (latents, prompt_embeds, pooled), strict=True):
+            self.pending[key].extend(t.detach().cpu().float().unbind(0))
+        while len(self.pending["latents"]) >= self.shard_size:
+            self._flush(self.shard_size)
+
+    def _flush(self, n: int) -> None:
+        if n == 0:
+            return
+        tensors = {k: torch.stack(v[:n]).contiguous() for k, v in self.pending.items()}
+        self.pending = {k: v[n:] for k, v in self.pending.items()}
+        name = f"shard-{len(self.shards):05d}.safetensors"
+        save_file(tensors, str(self.out / name))
+        self.shards.append({"file": name, "samples": n})
+
+    def close(self) -> Path:
+        self._flush(len(self.pending["latents"]))
+        if not self.shards:
+            raise DataError(f"no samples were written to {self.out}")
+        with safe_open(str(self.out / self.shards[0]["file"]), "pt") as f:
+            shapes = {k: list(f.get_slice(k).get_shape()[1:]) for k in KEYS}
+        index = {"shards": self.shards, "samples": sum(s["samples"] for s in self.shards), "shapes": shapes,
+                 **self.meta}
+        tmp = self.out / (INDEX + ".tmp")
+        tmp.write_text(json.dumps(index, indent=2))
+        tmp.replace(self.out / INDEX)
+        return self.out / INDEX
+
+
+class ShardDataset:
+    """Samples of the shards in a folder, read lazily (one open file per shard)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        index_path = self.folder / INDEX
+        if not self.folder.is_dir():
+            raise DataError(f"data.path {self.folder} does not exist; run `sd3cluster prepare` to make shards there "
+                            "or set data.synthetic_samples for synthetic data")
+        if not index_path.is_file():
+            raise DataError(f"data.path {self.folder} holds no {INDEX}: it is not a folder written by "
+                            "`sd3cluster prepare` (or that run did not finish); run prepare again")
+        try:
+            self.index = json.loads(index_path.read_text())
+            self.shards = self.index["shards"]
+            self.shapes = {k: tuple(v) for k, v in self.index["shapes"].items()}
+        except (ValueError, KeyError) as e:
+            raise DataError(f"{index_path} is damaged ({e}); run `sd3cluster prepare` again") from None
+        self.starts = [0]
+        for shard in self.shards:
+            if not (self.folder / shard["file"]).is_file():
+                raise DataError(f"shard {self.folder / shard['file']} listed in {index_path} is missing")
+            self.starts.append(self.starts[-1] + shard["samples"])
+        self._handles: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def _handle(self, shard: int):
+        if shard not in self._handles:
+            self._handles[shard] = safe_open(str(self.folder / self.shards[shard]["file"]), "pt")
+        return self._handles[shard]
+
+    def get(self, indices: list[int]) -> Batch:
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in KEYS}
+        for i in indices:
+            shard = bisect.bisect_right(self.starts, i) - 1
+            local = i - self.starts[shard]
+            f = self._handle(shard)
+            for k in KEYS:
+                parts[k].append(f.get_slice(k)[local:local + 1])
+        return Batch(*(torch.cat(parts[k]) for k in KEYS))
+
+
+class SyntheticDataset:
+    """Deterministic random samples (a function of seed and index): benchmarks and tests without data."""
+
+    def __init__(self, samples: int, latent_shape: tuple[int, ...], text_tokens: int, joint_dim: int,
+                 pooled_dim: int, seed: int = 0):
+        self.samples = samples
+        self.shapes = {"latents": tuple(latent_shape), "prompt_embeds": (text_tokens, joint_dim),
+                       "pooled": (pooled_dim,)}
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def get(self, indices: list[int]) -> Batch:
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in KEYS}
+        for i in indices:
+            gen = torch.Generator().manual_seed(self.seed * 7_919 + i)
+            for k in KEYS:
+                parts[k].append(torch.randn((1, *self.shapes[k]), generator=gen))
+        return Batch(*(torch.cat(parts[k]) for k in KEYS))
+
+
+def write_synthetic_shards(out: Path, samples: int, latent_shape: tuple[int, ...], text_tokens: int,
+                           joint_dim: int, pooled_dim: int, shard_size: int = 256, seed: int = 0) -> Path:
+    source = SyntheticDataset(samples, latent_shape, text_tokens, joint_dim, pooled_dim, seed)
+    writer = ShardWriter(out, shard_size, meta={"source": "synthetic", "seed": seed})
+    for start in range(0, samples, shard_size):
+        b = source.get(list(range(start, min(samples, start + shard_size))))
+        writer.add(b.latents, b.prompt_embeds, b.pooled)
+    return writer.close()
+
+
+class DistributedBatchSampler:
+    """Each micro-step takes the next `global_batch` indices of a seeded per-epoch permutation; rank r keeps
+    slice r. The whole state is (epoch, position): saved in checkpoints, restored exactly."""
+
+    def __init__(self, samples: int, global_batch: int, rank: int, world: int, seed: int = 0, shuffle: bool = True):
+        if global_batch % world:
+            raise ValueError(f"global batch {global_batch} is not divisible by world size {world}")
+        if samples < global_batch:
+            raise DataError(f"the dataset has {samples} samples, fewer than one global batch ({global_batch} = "
+                            "data.batch_size x ranks); add data or lower data.batch_size")
+        self.samples, self.global_batch, self.rank, self.world, self.seed = samples, global_batch, rank, world, seed
+        self.shuffle = shuffle
+        self.epoch, self.position = 0, 0
+        self._perm: torch.Tensor | None = None
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.samples // self.global_batch
+
+    def _permutation(self) -> torch.Tensor:
+        if self._perm is None and not self.shuffle:
+            self._perm = torch.arange(self.samples)
+        if self._perm is None:
+            self._perm = torch.randperm(self.samples, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        return self._perm
+
+    def next_indices(self) -> list[int]:
+        if self.position >= self.batches_per_epoch:
+            self.epoch, self.position, self._perm = self.epoch + 1, 0, None
+        start = self.position * self.global_batch
+        chunk = self._permutation()[start:start + self.global_batch]
+        per_rank = self.global_batch // self.world
+        self.position += 1
+        return chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position, self._perm = int(state["epoch"]), int(state["position"]), None

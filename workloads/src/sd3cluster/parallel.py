@@ -1,0 +1,54 @@
+"""Parallelism applied to the model by small functions, apart from the training loop."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .dist import Runtime
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    model.enable_gradient_checkpointing()
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each transformer block (the blocks share code, so one compilation serves all of them)."""
+    for block in model.transformer_blocks:
+        block.compile()
+
+
+def apply_fsdp(model: nn.Module, rt: Runtime, bf16: bool) -> nn.Module:
+    """FSDP2: `fully_shard` per transformer block, then the root; bf16 compute with fp32 sharded masters."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+        MixedPrecisionPolicy()
+    for block in model.transformer_blocks:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def apply_ddp(model: nn.Module, rt: Runtime) -> nn.Module:
+    device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+
+def parallelize(model: nn.Module, rt: Runtime, parallel: str, compile_blocks: bool, activation_checkpointing: bool,
+                bf16: bool) -> nn.Module:
+    """Order matters: checkpointing and compile act on the blocks, then FSDP wraps them or DDP the whole."""
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if compile_blocks:
+        apply_compile(model)
+    if not rt.distributed:
+        return model
+    if parallel == "fsdp":
+        return apply_fsdp(model, rt, bf16)
+    return apply_ddp(model, rt)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model

@@ -1,0 +1,151 @@
+"""`sd3cluster prepare`: images + captions -> shards of SD3 VAE latents and CLIP-L/CLIP-G/T5 text embeddings.
+
+Encoders come from a local folder laid out as a diffusers SD3 checkpoint: vae/, text_encoder/ (CLIP-L),
+text_encoder_2/ (CLIP-G), text_encoder_3/ (T5), tokenizer/, tokenizer_2/, tokenizer_3/. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import Config
+from .data import ShardWriter, write_synthetic_shards
+from .errors import DataError
+from .models import text_dims
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+ENCODER_PARTS = ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")
+
+
+@dataclass
+class Encoders:
+    vae: torch.nn.Module
+    clip_l: torch.nn.Module
+    clip_g: torch.nn.Module
+    t5: torch.nn.Module
+    tok_l: object
+    tok_g: object
+    tok_t5: object
+
+
+def load_encoders(folder: Path, device: torch.device) -> Encoders:
+    from diffusers import AutoencoderKL
+    from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
+
+    folder = Path(folder)
+    missing = [p for p in ENCODER_PARTS if not (folder / p).is_dir()]
+    if missing:
+        raise DataError(f"prepare.encoders {folder} lacks {', '.join(missing)}: it must be laid out like a diffusers "
+                        "SD3 checkpoint (vae/, text_encoder{,_2,_3}/, tokenizer{,_2,_3}/)")
+
+    def load(cls, sub):
+        return cls.from_pretrained(folder / sub, local_files_only=True).to(device).eval().requires_grad_(False)
+
+    return Encoders(load(AutoencoderKL, "vae"), load(CLIPTextModelWithProjection, "text_encoder"),
+                    load(CLIPTextModelWithProjection, "text_encoder_2"), load(T5EncoderModel, "text_encoder_3"),
+                    *(AutoTokenizer.from_pretrained(folder / t, local_files_only=True)
+                      for t in ("tokenizer", "tokenizer_2", "tokenizer_3")))
+
+
+def _ids(tokenizer, prompts: list[str], length: int, device: torch.device) -> torch.Tensor:
+    return tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
+                     return_tensors="pt").input_ids.to(device)
+
+
+@torch.no_grad()
+def encode_prompts(enc: Encoders, prompts: list[str], clip_tokens: int, t5_tokens: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """SD3's conditioning: CLIP penultimate states (L ++ G, zero-padded to T5's width) ++ T5 states along the
+    sequence; pooled = CLIP-L and CLIP-G projections side by side."""
+    states, pooled = [], []
+    for model, tok in ((enc.clip_l, enc.tok_l), (enc.clip_g, enc.tok_g)):
+        out = model(_ids(tok, prompts, clip_tokens, device), output_hidden_states=True)
+        states.append(out.hidden_states[-2])
+        pooled.append(out.text_embeds)
+    clip = torch.cat(states, dim=-1)
+    t5 = enc.t5(_ids(enc.tok_t5, prompts, t5_tokens, device))[0]
+    if clip.shape[-1] > t5.shape[-1]:
+        raise DataError(f"CLIP widths ({clip.shape[-1]}) exceed T5's ({t5.shape[-1]}); these encoders do not match")
+    clip = F.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
+    return torch.cat([clip, t5], dim=-2), torch.cat(pooled, dim=-1)
+
+
+def load_image(path: Path, resolution: int) -> torch.Tensor:
+    """RGB, resized so the short side is `resolution`, center-cropped square, scaled to [-1, 1]."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as raw:
+            img = raw.convert("RGB")
+            scale = resolution / min(img.size)
+            img = img.resize((max(resolution, round(img.width * scale)), max(resolution, round(img.height * scale))),
+                             Image.BICUBIC)
+            left, top = (img.width - resolution) // 2, (img.height - resolution) // 2
+            img = img.crop((left, top, left + resolution, top + resolution))
+            array = np.asarray(img, dtype=np.float32)
+    except (UnidentifiedImageError, OSError) as e:
+        raise DataError(f"image {path} cannot be read ({e}); remove or replace it") from None
+    return torch.from_numpy(array).permute(2, 0, 1) / 127.5 - 1.0
+
+
+def find_pairs(folder: Path) -> list[tuple[Path, str]]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"prepare.images {folder} is not a folder; point it at your images and NAME.txt captions")
+    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not images:
+        raise DataError(f"prepare.images {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    pairs = []
+    for img in images:
+        caption = img.with_suffix(".txt")
+        if not caption.is_file():
+            raise DataError(f"image {img} has no caption file {caption.name} beside it; add one (one line of text)")
+        pairs.append((img, caption.read_text().strip()))
+    return pairs
+
+
+def prepare(cfg: Config) -> Path:
+    p = cfg.prepare
+    if p.out is None:
+        raise DataError("prepare.out is not set: name the folder the shards go to (--out DIR)")
+    if p.synthetic:
+        joint, pooled = text_dims(cfg.model.preset)
+        side = cfg.data.resolution // 8
+        index = write_synthetic_shards(p.out, p.synthetic, (16, side, side), cfg.data.text_tokens, joint, pooled,
+                                       p.shard_size, cfg.data.seed)
+        print(f"[prepare] {p.synthetic} synthetic samples for {cfg.model.preset} -> {index}")
+        return index
+    if p.images is None or p.encoders is None:
+        raise DataError("prepare needs prepare.images (--images DIR) and prepare.encoders (--encoders DIR), "
+                        "or prepare.synthetic=N")
+    device = torch.device("cuda" if p.device == "cuda" or (p.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    pairs = find_pairs(p.images)
+    start = time.perf_counter()
+    enc = load_encoders(p.encoders, device)
+    scaling = float(enc.vae.config.scaling_factor)
+    shift = float(enc.vae.config.shift_factor or 0.0)
+    print(f"[prepare] {len(pairs)} images, encoders loaded in {time.perf_counter() - start:.1f} s "
+          f"(VAE scaling {scaling}, shift {shift})", flush=True)
+    writer = ShardWriter(p.out, p.shard_size, meta={"source": str(p.images), "resolution": cfg.data.resolution,
+                                                    "vae_scaling": scaling, "vae_shift": shift})
+    gen = torch.Generator(device=device).manual_seed(cfg.data.seed)
+    for i in range(0, len(pairs), p.batch_size):
+        chunk = pairs[i:i + p.batch_size]
+        pixels = torch.stack([load_image(path, cfg.data.resolution) for path, _ in chunk]).to(device)
+        with torch.no_grad():
+            latents = enc.vae.encode(pixels).latent_dist.sample(generator=gen)
+        latents = (latents - shift) * scaling
+        embeds, pooled = encode_prompts(enc, [c for _, c in chunk], p.clip_tokens, p.t5_tokens, device)
+        writer.add(latents, embeds, pooled)
+        print(f"[prepare] {min(i + p.batch_size, len(pairs))}/{len(pairs)} "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+    index = writer.close()
+    print(f"[prepare] wrote {len(writer.shards)} shard(s) -> {index}")
+    return index

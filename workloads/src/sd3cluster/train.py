@@ -1,0 +1,250 @@
+"""Rectified-flow training of SD3's transformer: the loop, its state, checkpoints and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from .checkpoint import CheckpointManager
+from .config import Config
+from .data import DistributedBatchSampler, ShardDataset, SyntheticDataset
+from .dist import Runtime, all_reduce
+from .errors import DataError
+from .flow import batch_noise, flow_loss
+from .models import build_transformer, count_parameters, forward_flops, fuse_qkv, text_dims
+from .optim import EMA, make_adamw, make_warmup
+from .parallel import parallelize, unwrap
+
+
+def open_dataset(cfg: Config) -> ShardDataset | SyntheticDataset:
+    joint, pooled = text_dims(cfg.model.preset)
+    if cfg.data.synthetic_samples:
+        side = cfg.data.resolution // 8
+        return SyntheticDataset(cfg.data.synthetic_samples, (16, side, side), cfg.data.text_tokens, joint, pooled,
+                                cfg.data.seed)
+    if cfg.data.path is None:
+        raise DataError("no data: set data.path to a folder made by `sd3cluster prepare`, or data.synthetic_samples")
+    ds = ShardDataset(cfg.data.path)
+    if ds.shapes["prompt_embeds"][-1] != joint or ds.shapes["pooled"][-1] != pooled:
+        raise DataError(f"{cfg.data.path}: text embeddings are {ds.shapes['prompt_embeds'][-1]} wide (pooled "
+                        f"{ds.shapes['pooled'][-1]}) but model.preset={cfg.model.preset} reads {joint} ({pooled}); "
+                        "prepare the data with matching encoders or pick the matching preset")
+    if ds.shapes["latents"][0] != 16:
+        raise DataError(f"{cfg.data.path}: latents have {ds.shapes['latents'][0]} channels, SD3 needs 16")
+    return ds
+
+
+class Trainer:
+    """Everything a run holds: model, optimizer, schedule, EMA, sampler and step, saved and restored together."""
+
+    def __init__(self, cfg: Config, rt: Runtime, fixed_batch: bool = False):
+        """fixed_batch: the same samples, noise and timesteps every step (the overfitting check)."""
+        self.cfg, self.rt, self.fixed_noise = cfg, rt, fixed_batch
+        cuda = rt.device.type == "cuda"
+        self.bf16 = cfg.train.precision == "bf16" and cuda
+        model = build_transformer(cfg.model.preset, cfg.model.pretrained, device=rt.device, seed=cfg.train.seed)
+        self.parameters_count = count_parameters(model)
+        if cfg.model.fuse_qkv:
+            fuse_qkv(model, attention_backend="cudnn" if cuda else "auto")
+        self.model = parallelize(model, rt, cfg.train.parallel, cfg.model.compile and cuda,
+                                 cfg.model.activation_checkpointing, self.bf16)
+        self.fsdp = rt.distributed and cfg.train.parallel == "fsdp"
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_adamw(self.params, cfg.optim, rt.device)
+        self.scheduler = make_warmup(self.optimizer, cfg.optim.warmup_steps)
+        self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
+        self.dataset = open_dataset(cfg)
+        self.micro_batch = cfg.data.batch_size
+        self.global_micro = self.micro_batch * rt.world
+        self.sampler = DistributedBatchSampler(len(self.dataset), self.global_micro, rt.rank, rt.world, cfg.data.seed,
+                                               shuffle=not fixed_batch)
+        self.latent_shape = tuple(self.dataset.shapes["latents"])
+        self.step = 0
+
+    # -- one optimizer step -------------------------------------------------------------------------------
+    def _sync_context(self, last_micro: bool) -> contextlib.AbstractContextManager:
+        if last_micro or not self.rt.distributed:
+            return contextlib.nullcontext()
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def train_step(self) -> dict[str, float]:
+        cfg, rt = self.cfg, self.rt
+        accum = cfg.train.grad_accum
+        total = torch.zeros((), device=rt.device)
+        autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.fsdp)
+        in_dtype = torch.bfloat16 if self.bf16 and self.fsdp else torch.float32
+        for micro in range(accum):
+            batch = self.dataset.get(self.sampler.next_indices()).to(rt.device)
+            noise_index = 0 if self.fixed_noise else self.step * accum + micro
+            noise, sigmas = batch_noise(cfg.flow, cfg.train.seed, noise_index, self.global_micro, self.latent_shape)
+            lo, hi = rt.rank * self.micro_batch, (rt.rank + 1) * self.micro_batch
+            noise, sigmas = noise[lo:hi].to(rt.device), sigmas[lo:hi].to(rt.device)
+            last = micro == accum - 1
+            if self.fsdp and last:
+                self.model.set_requires_gradient_sync(True)
+            with self._sync_context(last), autocast:
+                loss = flow_loss(self.model, cfg.flow, batch.latents.to(in_dtype), batch.prompt_embeds.to(in_dtype),
+                                 batch.pooled.to(in_dtype), noise.to(in_dtype), sigmas.to(in_dtype)) / accum
+            loss.backward()
+            total += loss.detach()
+        if cfg.optim.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update()
+        self.step += 1
+        mean_loss = all_reduce(rt, total.clone()) / rt.world
+        return {"loss": float(mean_loss), "grad_norm": float(norm), "lr": self.scheduler.get_last_lr()[0]}
+
+    # -- state ----------------------------------------------------------------------------------------------
+    def tensor_state(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "world": self.rt.world, "global_micro_batch": self.global_micro}
+
+    def load(self, manager: CheckpointManager, path: Path) -> None:
+        tensors = self.tensor_state()
+        trainer = manager.load(path, tensors)
+        set_state_dict(self.model, self.optimizer, model_state_dict=tensors["model"],
+                       optim_state_dict=tensors["optim"])
+        if self.ema is not None and "ema" in tensors:
+            self.ema.load_state_dict(tensors["ema"])
+        self.step = int(trainer["step"])
+        self.sampler.load_state_dict(trainer["sampler"])
+        self.scheduler.load_state_dict(trainer["scheduler"])
+
+    def save(self, manager: CheckpointManager) -> Path:
+        return manager.save(self.step, self.tensor_state(), self.trainer_state())
+
+    def flat_parameters(self) -> torch.Tensor:
+        """All parameters as one fp32 vector (full tensors, also under FSDP)."""
+        parts = []
+        for p in unwrap(self.model).parameters():
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            parts.append(t.detach().float().flatten().cpu())
+        return torch.cat(parts)
+
+
+class MetricsLogger:
+    """Rank 0 only: a progress bar (loss, images/s, MFU, ETA), TensorBoard scalars and metrics.jsonl."""
+
+    def __init__(self, cfg: Config, rt: Runtime, total_steps: int, start_step: int, flops_per_image: float):
+        self.rt, self.cfg = rt, cfg
+        self.flops_per_image = flops_per_image
+        self.peak = cfg.train.peak_tflops * 1e12 * rt.world
+        self.bar = self.tb = self.jsonl = None
+        if not rt.is_main:
+            return
+        out = cfg.output.dir
+        out.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(out / "metrics.jsonl", "a")
+        if cfg.output.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tensorboard"))
+        if cfg.output.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def log(self, step: int, metrics: dict[str, float], images_per_s: float) -> None:
+        if not self.rt.is_main:
+            return
+        mfu = self.flops_per_image * images_per_s / self.peak
+        record = {"step": step, **metrics, "images_per_s": images_per_s, "mfu": mfu, "time": time.time()}
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in record.items():
+                if key not in ("step", "time"):
+                    self.tb.add_scalar(f"train/{key}", value, step)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{images_per_s:.1f}", mfu=f"{mfu:.3f}")
+            self.bar.update(step - self.bar.n)
+
+    def note(self, text: str) -> None:
+        if self.rt.is_main:
+            (self.bar.write if self.bar is not None else print)(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+
+
+def _maybe_kill(cfg: Config, rt: Runtime, step: int) -> None:
+    """Test hook: a worker dies hard (as a lost node would) on the first attempt only."""
+    if cfg.train.kill_at_step and step == cfg.train.kill_at_step and rt.rank == cfg.train.kill_rank \
+            and rt.restart_count == 0:
+        print(f"[rank {rt.rank}] fault injection: SIGKILL at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
+    """`sd3cluster train`: resume if a complete checkpoint exists, run to train.steps, checkpoint on the way."""
+    trainer = Trainer(cfg, rt)
+    manager = CheckpointManager(cfg.checkpoint.dir, rt, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
+    resumed_from = None
+    if manager is not None and cfg.checkpoint.resume != "never":
+        path = manager.latest() if cfg.checkpoint.resume == "auto" else Path(cfg.checkpoint.resume)
+        if path is not None:
+            trainer.load(manager, path)
+            resumed_from = str(path)
+    side = cfg.data.resolution
+    if trainer.latent_shape[-1] * 8 != side:
+        side = trainer.latent_shape[-1] * 8
+    flops = 3.0 * forward_flops(cfg.model.preset, 1, side, trainer.dataset.shapes["prompt_embeds"][0],
+                                fused=cfg.model.fuse_qkv)
+    log = MetricsLogger(cfg, rt, cfg.train.steps, trainer.step, flops)
+    if resumed_from:
+        log.note(f"resumed from {resumed_from} at step {trainer.step} (restart {rt.restart_count})")
+    log.note(f"model {cfg.model.preset}: {trainer.parameters_count:,} parameters; {rt.world} rank(s) on "
+             f"{rt.device.type} ({rt.backend if rt.distributed else 'single process'}); parallel "
+             f"{cfg.train.parallel if rt.distributed else 'none'}; global batch "
+             f"{trainer.global_micro * cfg.train.grad_accum}")
+    images_per_step = trainer.global_micro * cfg.train.grad_accum
+    last = time.perf_counter()
+    metrics: dict[str, float] = {}
+    while trainer.step < cfg.train.steps:
+        metrics = trainer.train_step()
+        now = time.perf_counter()
+        images_per_s = images_per_step / max(now - last, 1e-9)
+        last = now
+        if not math.isfinite(metrics["loss"]):
+            raise FloatingPointError(f"loss became {metrics['loss']} at step {trainer.step}; lower optim.lr")
+        if trainer.step % cfg.train.log_every == 0 or trainer.step == cfg.train.steps:
+            log.log(trainer.step, metrics, images_per_s)
+        if manager is not None and (trainer.step % cfg.checkpoint.every == 0 or trainer.step == cfg.train.steps):
+            saved = trainer.save(manager)
+            log.note(f"checkpoint {saved} (step {trainer.step})")
+            last = time.perf_counter()
+        _maybe_kill(cfg, rt, trainer.step)
+    log.close()
+    return {"step": trainer.step, "resumed_from": resumed_from, **metrics}

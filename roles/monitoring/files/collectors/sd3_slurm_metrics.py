@@ -67,13 +67,13 @@ def _run(command: list[str], timeout: float) -> tuple[str | None, str]:
 
 
 def collect(squeue: str | None, sinfo: str | None, now: float, installed: bool = True) -> list[Family]:
-    installed = Family("sd3_slurm_installed", "1 when squeue is installed on this node.")
-    installed.add(1 if installed else 0)
+    present = Family("sd3_slurm_installed", "1 when squeue is installed on this node.")
+    present.add(1 if installed else 0)
     up = Family("sd3_slurm_up", "1 when squeue and sinfo answered.")
     up.add(1 if squeue is not None and sinfo is not None else 0)
     last_run = Family("sd3_slurm_collector_last_run_timestamp_seconds", "When the Slurm collector last ran.")
     last_run.add(now)
-    families = [installed, up, last_run]
+    families = [present, up, last_run]
     if squeue is not None:
         jobs = Family("sd3_slurm_jobs", "Jobs in the queue by state.")
         counts = parse_squeue(squeue)

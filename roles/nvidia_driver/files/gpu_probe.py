@@ -39,7 +39,8 @@ def pci_devices():
         klass = (read(os.path.join(root, slot, "class")) or "")[:6]
         device = read(os.path.join(root, slot, "device")) or "0x0"
         if klass in GPU_CLASSES:
-            gpus.append({"slot": slot, "device_id": device, "turing_or_newer": int(device, 16) >= FIRST_TURING_DEVICE_ID})
+            turing_or_newer = int(device, 16) >= FIRST_TURING_DEVICE_ID
+            gpus.append({"slot": slot, "device_id": device, "turing_or_newer": turing_or_newer})
         elif klass == NVSWITCH_CLASS:
             nvswitches += 1
     return gpus, nvswitches

@@ -50,8 +50,8 @@ cluster-down: ## Remove the local cluster's containers and network (nothing else
 cluster-status: ## List the local cluster's containers
 	@$(PY) localcluster/cluster.py status
 
-demo: cluster-up ## Build the local cluster and run site.yml on it
-	@$(BIN)/ansible-playbook site.yml -i inventories/local
+demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, the report (NODES=3)
+	@NODES=$(NODES) bash localcluster/demo.sh
 
 test: host-prereqs venv lint unit molecule e2e ## Everything CI runs
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from .dist import Runtime, barrier, broadcast_object
 from .errors import CheckpointError
@@ -145,7 +146,7 @@ class CheckpointManager:
             rng_file = path / f"rank-{self.rt.rank}.pt"
             if rng_file.is_file():
                 set_rng_state(torch.load(rng_file, weights_only=False), self.rt.device)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
             raise CheckpointError(
                 f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:300]}); move it "
                 "away to resume from the one before, or set checkpoint.resume=never to start fresh") from None

@@ -1,0 +1,28 @@
+"""Helpers of the workloads tests: the CLI and torchrun launches of tiny runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+# Shapes small enough for a 2-core CI machine: 32x32 images -> 4x4 latents -> 4 patches, 8 text tokens.
+TINY = ["--set", "data.resolution=32", "--set", "data.text_tokens=8", "--set", "train.precision=fp32"]
+
+
+def run_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+def sd3cluster(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sd3cluster", *args], capture_output=True, text=True,
+                          env=run_env(), timeout=timeout, check=False)
+
+
+def torchrun(nproc: int, *args: str, max_restarts: int = 0, timeout: int = 400) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=127.0.0.1:0", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+           "-m", "sd3cluster", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=run_env(), timeout=timeout, check=False)

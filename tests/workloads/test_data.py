@@ -1,0 +1,59 @@
+from pathlib import Path
+
+import pytest
+import torch
+from sd3_helpers import TINY, sd3cluster
+from sd3cluster.data import DistributedBatchSampler, ShardDataset, write_synthetic_shards
+from sd3cluster.errors import DataError
+
+
+def test_sampler_partitions_the_global_batch():
+    ranks = [DistributedBatchSampler(20, 6, r, 3, seed=1) for r in range(3)]
+    single = DistributedBatchSampler(20, 6, 0, 1, seed=1)
+    for _ in range(7):  # crosses an epoch boundary (3 batches per epoch)
+        joined = [i for s in ranks for i in s.next_indices()]
+        assert joined == single.next_indices()
+        assert len(set(joined)) == 6
+
+
+def test_sampler_resumes_exactly():
+    a = DistributedBatchSampler(50, 4, 1, 2, seed=7)
+    for _ in range(13):
+        a.next_indices()
+    b = DistributedBatchSampler(50, 4, 1, 2, seed=7)
+    b.load_state_dict(a.state_dict())
+    assert [a.next_indices() for _ in range(20)] == [b.next_indices() for _ in range(20)]
+
+
+def test_shards_round_trip(tmp_path: Path):
+    write_synthetic_shards(tmp_path / "d", 10, (16, 4, 4), 8, 32, 16, shard_size=4)
+    ds = ShardDataset(tmp_path / "d")
+    assert len(ds) == 10 and len(ds.shards) == 3
+    batch = ds.get([0, 5, 9])
+    assert batch.latents.shape == (3, 16, 4, 4) and batch.prompt_embeds.shape == (3, 8, 32)
+    assert batch.pooled.shape == (3, 16) and torch.isfinite(batch.latents).all()
+
+
+def test_missing_and_incomplete_data(tmp_path: Path):
+    with pytest.raises(DataError, match="does not exist"):
+        ShardDataset(tmp_path / "nowhere")
+    (tmp_path / "half").mkdir()
+    with pytest.raises(DataError, match=r"index\.json"):
+        ShardDataset(tmp_path / "half")
+    with pytest.raises(DataError, match="fewer than one global batch"):
+        DistributedBatchSampler(3, 4, 0, 1)
+
+
+def test_cli_missing_data_is_a_clear_error(tmp_path: Path):
+    result = sd3cluster("train", "--device", "cpu", "--data", str(tmp_path / "absent"), *TINY,
+                        "--set", f"output.dir={tmp_path / 'out'}")
+    assert result.returncode == 2, result.stderr
+    assert "data.path" in result.stderr and "sd3cluster prepare" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_data_that_does_not_fit_the_model(tmp_path: Path):
+    write_synthetic_shards(tmp_path / "d", 8, (16, 4, 4), 8, 64, 16)
+    result = sd3cluster("train", "--device", "cpu", "--data", str(tmp_path / "d"), *TINY,
+                        "--set", f"output.dir={tmp_path / 'out'}")
+    assert result.returncode == 2 and "model.preset=tiny reads 32" in result.stderr

@@ -1,0 +1,42 @@
+import pytest
+import torch
+from sd3cluster.models import (
+    EXPECTED_PARAMETERS,
+    build_transformer,
+    count_parameters,
+    example_inputs,
+    forward_flops,
+    fuse_qkv,
+)
+
+
+@pytest.mark.parametrize("preset", sorted(EXPECTED_PARAMETERS))
+def test_preset_parameter_counts_on_meta(preset: str):
+    model = build_transformer(preset, device="meta")  # asserts the count itself
+    assert count_parameters(model) == EXPECTED_PARAMETERS[preset]
+
+
+def test_sd3_medium_is_the_published_size():
+    assert count_parameters(build_transformer("sd3-medium", device="meta")) == 2_028_328_000
+
+
+def test_same_seed_same_init_on_every_rank():
+    a, b = build_transformer("tiny", seed=3), build_transformer("tiny", seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_fused_qkv_computes_the_same_function():
+    torch.manual_seed(0)
+    model = build_transformer("tiny").eval()
+    inputs = example_inputs("tiny", 2, 32, 8, "cpu")
+    with torch.no_grad():
+        before = model(**inputs, return_dict=False)[0]
+        fuse_qkv(model)
+        after = model(**inputs, return_dict=False)[0]
+    assert not hasattr(model.transformer_blocks[0].attn, "to_q")
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_forward_flops_sd3_medium_1024():
+    flops = forward_flops("sd3-medium", 1, 1024, 154)
+    assert 8.0e12 < flops < 9.0e12  # about 25 TFLOP per image per training step (x3)

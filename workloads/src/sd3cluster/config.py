@@ -67,6 +67,8 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     grad_accum: int = Field(1, ge=1)
     parallel: Literal["ddp", "fsdp"] = "ddp"
+    ordered_reduce: bool = Field(False, description="DDP sums gradients in rank order (all-gather): bit-exact "
+                                 "runs on 3+ ranks, at the cost of bandwidth; verify turns it on for CPU")
     precision: Literal["bf16", "fp32"] = "bf16"
     ema_decay: float = Field(0.0, ge=0, lt=1, description="0 turns EMA off")
     seed: int = 0

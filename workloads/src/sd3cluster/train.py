@@ -56,7 +56,7 @@ class Trainer:
         if cfg.model.fuse_qkv:
             fuse_qkv(model, attention_backend="cudnn" if cuda else "auto")
         self.model = parallelize(model, rt, cfg.train.parallel, cfg.model.compile and cuda,
-                                 cfg.model.activation_checkpointing, self.bf16)
+                                 cfg.model.activation_checkpointing, self.bf16, cfg.train.ordered_reduce)
         self.fsdp = rt.distributed and cfg.train.parallel == "fsdp"
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_adamw(self.params, cfg.optim, rt.device)

@@ -62,7 +62,7 @@ class Report:
 
 
 def _verify_config(cfg: Config, workdir: Path, steps: int, lr: float | None = None, samples: int | None = None,
-                   batch: int | None = None) -> Config:
+                   batch: int | None = None, exact: bool = False) -> Config:
     """The run every check trains: synthetic data, fp32 on CPU, no logging or checkpoints of its own."""
     c = cfg.model_copy(deep=True)
     c.data.synthetic_samples = samples or max(64, c.data.batch_size * 64)
@@ -75,6 +75,7 @@ def _verify_config(cfg: Config, workdir: Path, steps: int, lr: float | None = No
     c.output.tensorboard = False
     c.output.progress = False
     c.checkpoint.dir = None
+    c.train.ordered_reduce = exact
     if lr is not None:
         c.optim.lr = lr
     return c
@@ -152,7 +153,8 @@ def _max_rank_difference(rt: Runtime, flat: torch.Tensor) -> float:
 
 def verify(cfg: Config, rt: Runtime) -> Report:
     report = Report(rt.world, str(rt.device))
-    exact_tol = 0.0 if rt.device.type == "cpu" else cfg.verify.tolerance
+    exact = rt.device.type == "cpu"
+    exact_tol = 0.0 if exact else cfg.verify.tolerance
     workdir = Path(broadcast_object(rt, tempfile.mkdtemp(prefix="sd3verify-") if rt.is_main else None))
     if cfg.checkpoint.dir is not None:  # a shared volume lets the resume check span nodes
         workdir = cfg.checkpoint.dir / "verify-work"
@@ -200,15 +202,15 @@ def verify(cfg: Config, rt: Runtime) -> Report:
 
     def resume_exact() -> Check:
         k = cfg.verify.resume_k
-        straight, _, _ = _run(_verify_config(cfg, workdir, 2 * k), rt, 2 * k)
+        straight, _, _ = _run(_verify_config(cfg, workdir, 2 * k, exact=exact), rt, 2 * k)
         expected = straight.flat_parameters()
         del straight
         ckpt_dir = workdir / "resume-check"
         manager = CheckpointManager(ckpt_dir, rt, keep=1)
-        first, _, _ = _run(_verify_config(cfg, workdir, k), rt, k)
+        first, _, _ = _run(_verify_config(cfg, workdir, k, exact=exact), rt, k)
         first.save(manager)
         del first
-        second = Trainer(_verify_config(cfg, workdir, 2 * k), rt)
+        second = Trainer(_verify_config(cfg, workdir, 2 * k, exact=exact), rt)
         second.load(manager, manager.latest())
         for _ in range(k):
             second.train_step()

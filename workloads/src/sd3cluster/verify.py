@@ -145,7 +145,7 @@ def check_allreduce(cfg: Config, rt: Runtime) -> Check:
 
 
 def _max_rank_difference(rt: Runtime, flat: torch.Tensor) -> float:
-    hi, lo = flat.clone(), flat.clone()
+    hi, lo = flat.to(rt.device, copy=True), flat.to(rt.device, copy=True)
     all_reduce(rt, hi, dist.ReduceOp.MAX)
     all_reduce(rt, lo, dist.ReduceOp.MIN)
     return float((hi - lo).abs().max())

@@ -4,8 +4,8 @@
 
 A case is PRESET:RESOLUTION:BATCH:VARIANT (variant syntax in sd3cluster.bench). MFU = FLOPs of one forward
 pass of the diffusers model counted by torch.utils.flop_counter, x 3, / (--peak-tflops x step time).
-`--sdpa` first times the attention kernels alone on SD3-medium's 1024^2 shape; `--profile` prints the top
-CUDA kernels of the last case.
+`--sdpa` first times the attention kernels alone on SD3-medium's 1024^2 shape; `--profile` first prints the top
+CUDA kernels of one case.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ def main() -> int:
     if args.sdpa:
         for line in sdpa_microbench():
             print(line, flush=True)
+    if args.profile:  # first, while the device's memory is clean
+        table = profile_case(args.profile, args)
+        print(table, flush=True)
+        if args.out:
+            args.out.with_suffix(".profile.txt").write_text(table)
+        torch.cuda.empty_cache()
     flops: dict[tuple[str, int], float] = {}
     results: list[BenchResult] = []
     for case in args.case:
@@ -119,8 +125,6 @@ def main() -> int:
         if args.out:
             args.out.write_text(json.dumps([asdict(x) for x in results], indent=2))
     print(format_table(results))
-    if args.profile:
-        print(profile_case(args.profile, args))
     return 0
 
 

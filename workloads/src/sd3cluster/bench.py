@@ -122,6 +122,10 @@ def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text
     if o["compile"] == "model":
         model = torch.compile(model, mode=None if o.get("mode", "default") == "default" else o["mode"])
     elif o["compile"] == "block":
+        from torch import _dynamo
+
+        limit = _dynamo.config.recompile_limit
+        _dynamo.config.recompile_limit = max(limit, len(model.transformer_blocks) + 8)
         for block in model.transformer_blocks:
             block.compile(mode=None if o.get("mode", "default") == "default" else o["mode"])
     model.train()

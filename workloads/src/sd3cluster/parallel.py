@@ -15,7 +15,13 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 
 
 def apply_compile(model: nn.Module) -> None:
-    """Compile each transformer block (the blocks share code, so one compilation serves all of them)."""
+    """Compile each transformer block. Plain blocks share one compilation; FSDP2-wrapped ones are guarded one by
+    one, so the recompile limit is raised to the block count (else dynamo falls back to eager, which breaks
+    activation checkpointing's recompute)."""
+    from torch import _dynamo
+
+    blocks = len(model.transformer_blocks)
+    _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, blocks + 8)
     for block in model.transformer_blocks:
         block.compile()
 

@@ -43,6 +43,17 @@ def test_newest_run_is_reported(training, textfile, tmp_path):
     assert all(lab.get("run") != "old" for samples in m.values() for lab, _ in samples)
 
 
+def test_checkpoints_apart_from_the_run_as_the_sbatch_template_puts_them(training, textfile, tmp_path):
+    """slurm's train-sd3.sbatch: output.dir=<shared>/runs/<run>, checkpoint.dir=<shared>/checkpoints/<run>."""
+    _write_run(tmp_path / "runs", "train-sd3-42", 3)
+    ckpt = tmp_path / "checkpoints" / "train-sd3-42"
+    ckpt.mkdir(parents=True)
+    (ckpt / "latest").write_text("step-00000002\n")
+    patterns = [f"{tmp_path}/checkpoints/{{run}}/latest", "checkpoints/latest"]
+    m = parse(textfile.render(training.collect(tmp_path / "runs", ["*/metrics.jsonl"], 0.0, patterns)))
+    assert value(m, "sd3_train_last_checkpoint_step", run="train-sd3-42") == 2
+
+
 def test_partial_last_line_and_long_log(training, textfile, tmp_path, monkeypatch):
     run = _write_run(tmp_path, "r", 5000)
     with (run / "metrics.jsonl").open("a") as handle:

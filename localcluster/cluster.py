@@ -258,6 +258,10 @@ def up(count: int) -> None:
     with Timer(f"{count} node(s)"):
         for index in range(1, count + 1):
             name = container_name(index)
+            if name in running and podman("inspect", "-f", "{{.State.Running}}", name) != "true":
+                # A node left stopped (a killed session, a reboot) has lost its state: make it anew.
+                podman("rm", "-f", "-t", "0", name)
+                running.discard(name)
             if name in running:
                 current = podman("inspect", "-f", "{{.ImageName}}", name)
                 if current != image:

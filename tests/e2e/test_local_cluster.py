@@ -5,6 +5,7 @@ Needs `make cluster-up` first (the `e2e` target does it); marked `cluster` so `m
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -83,6 +84,22 @@ def test_site_yml_is_green_then_changes_nothing():
     second = run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", timeout=3600)
     changed = {name: h["changed"] for name, h in recap(second.stdout).items()}
     assert all(count == 0 for count in changed.values()), f"second run changed something: {changed}"
+
+
+def test_verify_yml_is_green_and_writes_its_report():
+    before = set((REPO / "reports").glob("verify-*.json")) if (REPO / "reports").exists() else set()
+    result = run(str(BIN / "ansible-playbook"), "ansible/playbooks/verify.yml", "-i", "inventories/local",
+                 timeout=1800)
+    assert "checks:" in result.stdout and " 0 failed" in result.stdout, result.stdout[-3000:]
+    reports = set((REPO / "reports").glob("verify-*.json")) - before
+    assert len(reports) == 1
+    report = json.loads(reports.pop().read_text())
+    assert report["passed"] is True
+    layers = {check["layer"] for check in report["checks"]}
+    assert {"ssh", "storage", "network"} <= layers
+    hosts = set(inventory()["all"]["hosts"])
+    ssh_hosts = {check["host"] for check in report["checks"] if check["layer"] == "ssh" and check["passed"]}
+    assert ssh_hosts == hosts
 
 
 def test_apt_on_nodes_goes_through_the_shared_cache():

@@ -30,4 +30,11 @@ grep -qw overlay /proc/filesystems || modprobe overlay 2>/dev/null || \
 [[ -d /sys/fs/cgroup ]] || fail "/sys/fs/cgroup is not mounted: systemd containers need cgroups."
 ip link add sd3-probe type bridge 2>/dev/null && ip link del sd3-probe || \
   fail "cannot create a network bridge: the kernel needs bridge support (module 'bridge') for the cluster network."
+# Each systemd node container holds about 7 inotify instances; the default limit of 128 per user stops
+# the 10th or so node from booting (it exits 255 with no log). Raised for this boot only, and said so.
+inotify=$(cat /proc/sys/fs/inotify/max_user_instances)
+if (( inotify < 1024 )); then
+  echo "host-prereqs: raising fs.inotify.max_user_instances from $inotify to 8192 (systemd node containers need it; until reboot)"
+  sysctl -q -w fs.inotify.max_user_instances=8192
+fi
 echo "host-prereqs: ok (podman $(podman --version | awk '{print $3}'))"

@@ -76,6 +76,7 @@ def test_host_keys_differ_between_nodes():
     assert len(set(keys)) == len(keys)
 
 
+@pytest.mark.full
 def test_site_yml_is_green_then_changes_nothing():
     first = run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", timeout=3600)
     hosts = recap(first.stdout)
@@ -86,6 +87,7 @@ def test_site_yml_is_green_then_changes_nothing():
     assert all(count == 0 for count in changed.values()), f"second run changed something: {changed}"
 
 
+@pytest.mark.full
 def test_verify_yml_is_green_and_writes_its_report():
     before = set((REPO / "reports").glob("verify-*.json")) if (REPO / "reports").exists() else set()
     result = run(str(BIN / "ansible-playbook"), "ansible/playbooks/verify.yml", "-i", "inventories/local",

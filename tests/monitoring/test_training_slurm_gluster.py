@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
@@ -105,10 +106,10 @@ def test_slurm_script_without_slurm(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    from conftest import COLLECTORS
-
+    # The path is spelled out: `conftest` is also the name of other folders' conftest modules.
+    collectors = Path(__file__).resolve().parents[2] / "roles" / "monitoring" / "files" / "collectors"
     env = {**os.environ, "PATH": str(tmp_path)}  # no squeue on this PATH
-    subprocess.run([sys.executable, str(COLLECTORS / "sd3_slurm_metrics.py"), "--textfile-dir", str(tmp_path)],
+    subprocess.run([sys.executable, str(collectors / "sd3_slurm_metrics.py"), "--textfile-dir", str(tmp_path)],
                    check=True, env=env, capture_output=True)
     assert value(parse((tmp_path / "sd3_slurm.prom").read_text()), "sd3_slurm_installed") == 0
 

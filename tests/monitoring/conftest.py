@@ -1,25 +1,9 @@
-"""Imports the collector scripts of roles/monitoring (they are files the role installs, not a package)."""
+"""Fixtures of the monitoring tests: the collector scripts of roles/monitoring as modules."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-COLLECTORS = REPO / "roles" / "monitoring" / "files" / "collectors"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
-
-def load_collector(name: str):
-    if str(COLLECTORS) not in sys.path:
-        sys.path.insert(0, str(COLLECTORS))
-    spec = importlib.util.spec_from_file_location(name, COLLECTORS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from monitoring_support import load_collector
 
 
 @pytest.fixture(scope="session")

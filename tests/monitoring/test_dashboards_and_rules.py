@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import FIXTURES, REPO
+from monitoring_support import FIXTURES, REPO
 from promtext import parse
 
 ROLE = REPO / "roles" / "monitoring"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import COLLECTORS, FIXTURES
+from monitoring_support import COLLECTORS, FIXTURES
 from promtext import parse, value
 
 

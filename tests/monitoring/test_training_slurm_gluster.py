@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from monitoring_support import FIXTURES
 from promtext import parse, value
 
 

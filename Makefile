@@ -82,10 +82,10 @@ molecule: venv ## Every molecule scenario on podman nodes (create, converge, ide
 	@bash localcluster/run-scenarios.sh $(MOLECULE_JOBS) $(SCENARIOS)
 
 e2e: cluster-up ## The local cluster's own tests (SSH, host keys, cache, cluster-down) and the cluster tests
-	@$(BIN)/pytest -q -m "cluster and not full" tests
+	@$(BIN)/pytest -q -m "cluster and not full" --ignore=tests/workloads tests
 
 e2e-full: cluster-up ## site.yml twice (the second changes nothing) and verify.yml on the local cluster
-	@$(BIN)/pytest -q -m full tests
+	@$(BIN)/pytest -q -m full --ignore=tests/workloads tests
 
 clean: cluster-down ## Remove the local cluster and the virtualenv
 	rm -rf $(VENV) .cache

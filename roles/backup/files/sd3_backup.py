@@ -315,7 +315,8 @@ def command_check(config: dict, args: argparse.Namespace) -> int:
     metrics.add("sd3_backup_check_files_mismatched", "Files whose restored copy differed", result.get("mismatched", 0))
     metrics.add("sd3_backup_latest_snapshot_timestamp_seconds", "Time of the latest snapshot at the last check",
                 result.get("snapshot_time", 0))
-    metrics.add("sd3_backup_stale", "1 when the latest snapshot is older than backup_check_max_age_hours or could not be read",
+    metrics.add("sd3_backup_stale",
+                "1 when the latest snapshot is older than backup_check_max_age_hours or could not be read",
                 age is None or age > max_age)
     metrics.write()
     log("restore check passed" if ok else "restore check FAILED")

@@ -55,7 +55,7 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 
 # The scenarios CI runs: those that have passed whole (create to destroy) on this project's machine.
 # `make test-full` runs every scenario and the whole-cluster end-to-end tests as well.
-CI_SCENARIOS ?= preflight base monitoring storage storage_nfs slurm gpu_stack
+CI_SCENARIOS ?= preflight base monitoring storage storage_nfs slurm gpu_stack backup
 
 test: host-prereqs venv lint unit ## Everything CI runs
 	@$(MAKE) --no-print-directory molecule SCENARIOS="$(CI_SCENARIOS)"

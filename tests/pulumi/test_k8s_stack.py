@@ -98,6 +98,8 @@ def test_every_pod_runs_torchrun_with_rendezvous_on_the_headless_service(pulumi_
     assert "--nnodes=3" in args and "--nproc-per-node=8" in args and "--rdzv-backend=c10d" in args
     assert "--rdzv-endpoint=sd3-train-worker-0.sd3-train-rdzv.sd3.svc:29400" in args
     assert args[-5:] == ["--no-python", "sd3cluster", "train", "--config", "/shared/configs/sd3-medium.yaml"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # restarted workers must not read stale addresses
 
 
 def test_rdma_is_optional(pulumi_mocks):

@@ -12,7 +12,9 @@ TINY = ["--set", "data.resolution=32", "--set", "data.text_tokens=8", "--set", "
 
 def run_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+               # torchrun restarts: see workloads/README.md ("Restarts") for why the store is not shared.
+               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     return env
 
 

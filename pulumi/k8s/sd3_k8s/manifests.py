@@ -108,6 +108,9 @@ def _environment(config: K8sStackConfig) -> list[dict[str, Any]]:
         {"name": "OMP_NUM_THREADS", "value": "8"},
         {"name": "SD3_SHARED_DIR", "value": config.shared_mount_path},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # Restarted workers must not read the dead workers' addresses from a store torchrun kept (see
+        # workloads/README.md, "Restarts").
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
     ]
     if config.rdma_resource == EFA_RESOURCE:
         env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}]

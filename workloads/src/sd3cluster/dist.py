@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -36,6 +37,16 @@ def _env_int(*names: str, default: int) -> int:
     return default
 
 
+def shared_store_warning(env: dict[str, str]) -> str | None:
+    """Restarts with torchrun's shared rendezvous store can hang: say so once, on rank 0 (see workloads/README.md)."""
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0").strip() or "0"
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(restarts) > 0 and env.get("RANK", "0") == "0":
+        return ("warning: torchrun shares its rendezvous store with the workers and --max-restarts is on; restarted "
+                "workers can hang in init_process_group reading the dead workers' addresses. Export "
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun.")
+    return None
+
+
 def init_runtime(device: str = "auto", timeout_s: int = 600) -> Runtime:
     """Join the process group torchrun (c10d rendezvous) or srun set up; a lone process runs undistributed."""
     rank = _env_int("RANK", "SLURM_PROCID", default=0)
@@ -48,6 +59,9 @@ def init_runtime(device: str = "auto", timeout_s: int = 600) -> Runtime:
         torch.cuda.set_device(dev)
     launched = "RANK" in os.environ or ("SLURM_PROCID" in os.environ and world > 1)
     if launched and not dist.is_initialized():
+        warning = shared_store_warning(dict(os.environ))
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         if "MASTER_ADDR" not in os.environ:
             os.environ["MASTER_ADDR"] = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")

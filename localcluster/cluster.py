@@ -308,8 +308,22 @@ def down() -> None:
         podman("rm", "-f", "-t", "5", CACHE_CONTAINER)
     for network in owned("network"):
         podman("network", "rm", network)
+    reset_ipam_if_unused()
     log(f"removed {len(nodes)} node(s), the package cache container and the network; "
         f"the image and the cached packages are kept")
+
+
+# netavark's address allocations (podman 4.3). `podman network rm` leaves them behind, and a container
+# that died mid-teardown keeps its address there forever: a fixed `--ip` then fails with "IPAM error:
+# requested ip address ... is already allocated to container ID ..." for a container that is gone.
+IPAM_DB = Path("/run/containers/networks/ipam.db")
+
+
+def reset_ipam_if_unused() -> None:
+    """Forget every allocation, but only when no container exists on this host: then none is in use."""
+    if IPAM_DB.exists() and not podman("ps", "-aq").split():
+        IPAM_DB.unlink()
+        log(f"no container left on this host: address allocations reset ({IPAM_DB}), stale ones included")
 
 
 def status() -> None:

@@ -98,10 +98,19 @@ def test_verify_yml_is_green_and_writes_its_report():
     report = json.loads(reports.pop().read_text())
     assert report["passed"] is True
     layers = {check["layer"] for check in report["checks"]}
-    assert {"ssh", "storage", "network"} <= layers
+    assert {"ssh", "storage", "network", "training", "workloads"} <= layers
     hosts = set(inventory()["all"]["hosts"])
     ssh_hosts = {check["host"] for check in report["checks"] if check["layer"] == "ssh" and check["passed"]}
     assert ssh_hosts == hosts
+    # The Slurm training run spanned every gpu_node and left its last checkpoint on the shared volume.
+    gpu_nodes = len(inventory()["all"]["children"]["gpu_nodes"]["hosts"])
+    (training,) = [c for c in report["checks"] if c["layer"] == "training"]
+    assert training["passed"] and f"{gpu_nodes} nodes" in training["check"], training
+    assert re.fullmatch(rf"job \d+, {gpu_nodes} ranks", training["detail"]), training  # one rank per CPU node
+    # sd3cluster verify ran across them and each of its checks is a row of the report.
+    workloads = {c["check"]: c for c in report["checks"] if c["layer"] == "workloads"}
+    assert workloads["sd3cluster verify report"]["value"] == gpu_nodes, workloads
+    assert {"allreduce_busbw", "parameters_identical_on_ranks", "resume_exact"} <= set(workloads), workloads
 
 
 def test_apt_on_nodes_goes_through_the_shared_cache():

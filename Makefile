@@ -55,7 +55,7 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 
 # The scenarios CI runs: those that have passed whole (create to destroy) on this project's machine.
 # `make test-full` runs every scenario and the whole-cluster end-to-end tests as well.
-CI_SCENARIOS ?= preflight base monitoring storage storage_nfs slurm gpu_stack backup
+CI_SCENARIOS ?= preflight base network monitoring storage storage_nfs slurm gpu_stack backup
 
 test: host-prereqs venv lint unit ## Everything CI runs
 	@$(MAKE) --no-print-directory molecule SCENARIOS="$(CI_SCENARIOS)"
@@ -84,8 +84,11 @@ molecule: venv ## Every molecule scenario on podman nodes (create, converge, ide
 e2e: cluster-up ## The local cluster's own tests (SSH, host keys, cache, cluster-down) and the cluster tests
 	@$(BIN)/pytest -q -m "cluster and not full" --ignore=tests/workloads tests
 
-e2e-full: cluster-up ## site.yml twice (the second changes nothing) and verify.yml on the local cluster
-	@$(BIN)/pytest -q -m full --ignore=tests/workloads tests
+# In this order: site.yml converges the nodes the later tests use; the day-2 tests leave 3 nodes.
+E2E_FULL_TESTS := tests/e2e/test_local_cluster.py tests/e2e/test_fault.py $(wildcard tests/e2e/test_day2.py)
+
+e2e-full: cluster-up ## site.yml twice, verify.yml, a node killed during training, day-2 playbooks
+	@$(BIN)/pytest -q -s -m full $(E2E_FULL_TESTS)
 
 clean: cluster-down ## Remove the local cluster and the virtualenv
 	rm -rf $(VENV) .cache

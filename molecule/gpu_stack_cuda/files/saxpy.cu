@@ -1,6 +1,6 @@
 // A kernel and its launch, compiled by the verify for Hopper (sm_90). The node has no GPU, so the
-// program stops at the first runtime call with the runtime's own error: that it got that far shows
-// libcudart was found and loaded.
+// program stops at its first runtime call with the runtime's own error name: that it got that far
+// shows the loader found libcudart (without it the program would not start at all).
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -10,9 +10,7 @@ __global__ void saxpy(int n, float a, const float *x, float *y) {
 }
 
 int main() {
-  int runtime = 0;
-  cudaRuntimeGetVersion(&runtime);
-  std::printf("runtime %d\n", runtime);
+  std::printf("built for CUDA runtime %d\n", CUDART_VERSION);
   int devices = 0;
   cudaError_t err = cudaGetDeviceCount(&devices);
   if (err != cudaSuccess) {

@@ -128,7 +128,10 @@ def ensure_cache(image: str) -> None:
     """apt-cacher-ng in a container of its own, its cache on the host: a second run downloads nothing."""
     proxy_conf = STATE_DIR / "apt-proxy.conf"
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    proxy_conf.write_text(f'Acquire::http::Proxy "http://{cache_address()}:{CACHE_PORT}";\n')
+    # Retries: under many nodes at once Debian's mirror answers the cache with 503 now and then, and
+    # `apt-get update` then ends "successfully" with no package list (seen in CI-like runs here).
+    proxy_conf.write_text(f'Acquire::http::Proxy "http://{cache_address()}:{CACHE_PORT}";\n'
+                          'Acquire::Retries "5";\n')
     if CACHE_CONTAINER in owned("container"):
         if podman("inspect", "-f", "{{.State.Running}}", CACHE_CONTAINER) == "true":
             return

@@ -78,7 +78,7 @@ def test_training_survives_a_killed_node_and_the_volume_heals():
         node(head, f"scancel {job}", check=False)
 
     # It resumed from a checkpoint no older than the one seen before the kill, and finished the run.
-    resumed = [int(step) for step in re.findall(r"resumed from step-\d+ at step (\d+)", text)]
+    resumed = [int(step) for step in re.findall(r"resumed from \S*step-\d+ at step (\d+)", text)]
     assert resumed and resumed[0] >= before_step, text[-4000:]
     assert node(head, f"cat {checkpoints}/latest").strip() == f"step-{STEPS:08d}"
     assert re.search(rf"job {job} finished", text), text[-4000:]

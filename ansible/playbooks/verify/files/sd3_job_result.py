@@ -42,7 +42,7 @@ def main() -> int:
         "log_tail": log[-3000:],
         "nodes": starts[-1] if starts else None,
         "starts": len(starts),  # more than one: Slurm requeued the job
-        "resumed": re.findall(r"resumed from (step-\d+) at step (\d+)", log),
+        "resumed": re.findall(r"resumed from \S*?(step-\d+) at step (\d+)", log),
         "finished": bool(re.search(r"\[sd3-train\] job \d+ finished", log)),
         "latest": latest,
         "complete": complete,

@@ -124,18 +124,35 @@ def ensure_network() -> None:
     log(f"network {NETWORK} {SUBNET} MTU {MTU} created")
 
 
+# apt-cacher-ng settings of ours, written on every start of the cache container.
+# FreshIndexMaxAge: a package list fetched in the last 30 minutes is served from the cache without
+# asking the mirror again. With the default (27 s) every scenario's `apt-get update` reached Debian's
+# mirror, and a 30 s spell of 503 answers from it failed a CI run (gpu_stack converge, 2026-12-03).
+CACHE_SETTINGS = "FreshIndexMaxAge: 1800\n"
+
+
+def cache_answers() -> bool:
+    """True when the cache container runs and its port takes a connection (podman's own state can
+    say "running" for a container whose processes are gone, e.g. after the host froze them)."""
+    result = subprocess.run(["podman", "exec", CACHE_CONTAINER, "bash", "-c",
+                             f"(exec 3<>/dev/tcp/127.0.0.1/{CACHE_PORT}) 2>/dev/null"],
+                            capture_output=True, check=False)
+    return result.returncode == 0
+
+
 def ensure_cache(image: str) -> None:
     """apt-cacher-ng in a container of its own, its cache on the host: a second run downloads nothing."""
     proxy_conf = STATE_DIR / "apt-proxy.conf"
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    # Retries: under many nodes at once Debian's mirror answers the cache with 503 now and then, and
-    # `apt-get update` then ends "successfully" with no package list (seen in CI-like runs here).
+    # Retries: Debian's mirror answers the cache with 503 now and then; apt waits 1, 2, 4, ... 30 s
+    # between tries (Acquire::Retries::Delay), so 10 tries outlast about three minutes of it.
     proxy_conf.write_text(f'Acquire::http::Proxy "http://{cache_address()}:{CACHE_PORT}";\n'
-                          'Acquire::Retries "5";\n')
+                          'Acquire::Retries "10";\n')
     if CACHE_CONTAINER in owned("container"):
-        if podman("inspect", "-f", "{{.State.Running}}", CACHE_CONTAINER) == "true":
+        if cache_answers():
             return
-        podman("rm", "-f", CACHE_CONTAINER)
+        log(f"{CACHE_CONTAINER} does not answer on port {CACHE_PORT}: starting it anew")
+        podman("rm", "-f", "-t", "5", CACHE_CONTAINER)
     cache_dir = CACHE_DIR / "apt-cacher-ng"
     cache_dir.mkdir(parents=True, exist_ok=True)
     # apt-cacher-ng is installed once and kept as an image of its own, so no later run downloads it.
@@ -153,6 +170,8 @@ def ensure_cache(image: str) -> None:
             "apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq apt-cacher-ng >/dev/null; "
             "rm -f /usr/sbin/policy-rc.d; fi; "
             "chown -R apt-cacher-ng:apt-cacher-ng /var/cache/apt-cacher-ng; "
+            # apt-cacher-ng reads every *.conf of its folder, in name order: ours comes last and wins.
+            f"printf '{CACHE_SETTINGS}' > /etc/apt-cacher-ng/zz-sd3-cluster.conf; "
             "systemctl restart apt-cacher-ng; "
             f"for i in $(seq 60); do (exec 3<>/dev/tcp/127.0.0.1/{CACHE_PORT}) 2>/dev/null && exit 0; sleep 0.5; done; "
             "echo 'apt-cacher-ng did not start' >&2; exit 1")

@@ -65,8 +65,13 @@ class Trainer:
         self.dataset = open_dataset(cfg)
         self.micro_batch = cfg.data.batch_size
         self.global_micro = self.micro_batch * rt.world
-        self.sampler = DistributedBatchSampler(len(self.dataset), self.global_micro, rt.rank, rt.world, cfg.data.seed,
-                                               shuffle=not fixed_batch)
+        # fixed_batch: every rank reads the same samples and noise, so the overfit check's curve does not
+        # depend on the cluster's size (a batch that grew with the world was harder to memorise: the tiny
+        # model reached 0.45 of its first loss in 60 steps on 5 ranks, 0.24 on 2).
+        self.data_rank, data_world = (0, 1) if fixed_batch else (rt.rank, rt.world)
+        self.data_batch = self.micro_batch * data_world
+        self.sampler = DistributedBatchSampler(len(self.dataset), self.data_batch, self.data_rank, data_world,
+                                               cfg.data.seed, shuffle=not fixed_batch)
         self.latent_shape = tuple(self.dataset.shapes["latents"])
         self.step = 0
 
@@ -88,8 +93,8 @@ class Trainer:
         for micro in range(accum):
             batch = self.dataset.get(self.sampler.next_indices()).to(rt.device)
             noise_index = 0 if self.fixed_noise else self.step * accum + micro
-            noise, sigmas = batch_noise(cfg.flow, cfg.train.seed, noise_index, self.global_micro, self.latent_shape)
-            lo, hi = rt.rank * self.micro_batch, (rt.rank + 1) * self.micro_batch
+            noise, sigmas = batch_noise(cfg.flow, cfg.train.seed, noise_index, self.data_batch, self.latent_shape)
+            lo, hi = self.data_rank * self.micro_batch, (self.data_rank + 1) * self.micro_batch
             noise, sigmas = noise[lo:hi].to(rt.device), sigmas[lo:hi].to(rt.device)
             last = micro == accum - 1
             if self.fsdp and last:

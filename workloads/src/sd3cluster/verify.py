@@ -224,13 +224,15 @@ def verify(cfg: Config, rt: Runtime) -> Report:
 
     def loss_falls() -> Check:
         steps = cfg.verify.overfit_steps
-        c = _verify_config(cfg, workdir, steps, lr=cfg.verify.overfit_lr, samples=cfg.data.batch_size * rt.world)
+        # Every rank trains on the same batch (Trainer's fixed_batch), as one process would.
+        c = _verify_config(cfg, workdir, steps, lr=cfg.verify.overfit_lr, samples=cfg.data.batch_size)
         c.optim.warmup_steps = 0
         _, losses, _ = _run(c, rt, steps, fixed_batch=True)
         ratio = losses[-1] / losses[0]
         limit = cfg.verify.overfit_ratio
         return Check("loss_falls_on_one_batch", ratio < limit, ratio, limit, "last/first loss",
-                     f"{steps} steps on one batch: {losses[0]:.4f} -> {losses[-1]:.4f}")
+                     f"{steps} steps on one batch of {cfg.data.batch_size} on every rank: "
+                     f"{losses[0]:.4f} -> {losses[-1]:.4f}")
 
     def throughput() -> Check:
         ips = state.get("images_per_s", 0.0)

@@ -156,3 +156,24 @@ def test_disconnected_peer_is_unhealthy():
 def test_pool_error_is_raised():
     with pytest.raises(gluster_peer.GlusterError, match="does not exist"):
         gluster_peer.parse_pool((DATA / "volume_info_missing.xml").read_text())
+
+
+def test_busy_glusterd_is_asked_again_then_its_answer_kept():
+    answers = [(1, "", "volume add-brick: failed: Another transaction is in progress for shared."),
+               (1, "", "Locking failed on 10.0.0.12. Please check log file for details."), (0, "success", "")]
+    slept = []
+    rc, out, _ = gluster_volume.run_retrying_when_busy(lambda _: answers.pop(0), ["volume", "start"],
+                                                       sleep=slept.append)
+    assert (rc, out) == (0, "success") and len(slept) == 2 and not answers
+
+
+def test_other_failures_and_a_busy_glusterd_that_stays_busy_are_returned():
+    calls = []
+    def failing(command):
+        calls.append(command)
+        return 1, "", "volume create: shared: failed: Brick may be containing or be contained by an existing brick"
+    assert gluster_volume.run_retrying_when_busy(failing, ["volume", "create"], sleep=lambda _: None)[0] == 1
+    assert len(calls) == 1
+    busy = gluster_volume.run_retrying_when_busy(lambda _: (1, "", "Another transaction is in progress"), ["x"],
+                                                 attempts=3, sleep=lambda _: None)
+    assert busy == (1, "", "Another transaction is in progress")

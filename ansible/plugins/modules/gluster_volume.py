@@ -3,6 +3,7 @@
 create, add bricks in whole replica sets (then rebalance), set options that differ, start or stop, delete."""
 from __future__ import annotations
 
+import time
 import xml.etree.ElementTree as ET
 
 from ansible.module_utils.basic import AnsibleModule
@@ -221,6 +222,23 @@ def plan(current, params):
     return commands, warnings
 
 
+# glusterd serialises volume changes with a cluster-wide lock: a command that arrives while another
+# node's command holds it (a heal, a rebalance status, a second play) fails at once with one of these,
+# and succeeds when tried again a few seconds later (seen in scale-out runs on the local cluster).
+BUSY_MESSAGES = ("Another transaction is in progress", "Locking failed on")
+
+
+def run_retrying_when_busy(run, command, attempts=6, delay=5.0, sleep=time.sleep):
+    """run(command) -> (rc, out, err), tried again while glusterd answers that it is busy."""
+    for attempt in range(1, attempts + 1):
+        rc, out, err = run(command)
+        busy = rc != 0 and any(message in (err or "") + (out or "") for message in BUSY_MESSAGES)
+        if not busy or attempt == attempts:
+            return rc, out, err
+        sleep(delay)
+    return rc, out, err
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -266,7 +284,7 @@ def main():
                          warnings_found=warnings)
 
     for command in commands:
-        rc, out, err = module.run_command([gluster, "--mode=script", *command])
+        rc, out, err = run_retrying_when_busy(module.run_command, [gluster, "--mode=script", *command])
         if rc != 0:
             module.fail_json(msg=f"`gluster {' '.join(command)}` failed: {(err or out).strip()}",
                              commands=[" ".join(c) for c in commands], volume=info() or {})

@@ -92,6 +92,6 @@ def test_training_survives_a_killed_node_and_the_volume_heals():
         return bool(entries) and len(entries) == info.count("Status: Connected") and not any(entries)
     wait_for("the shared volume to heal", healed, 600, 5)
     wait_for(f"{victim} to mount the shared volume again",
-             lambda: "mounted" in node(victim, "mountpoint /shared", check=False), 180, 3)
+             lambda: "is a mountpoint" in node(victim, "mountpoint /shared", check=False), 180, 3)
     wait_for(f"{victim} idle in Slurm",
              lambda: "idle" in node(head, f"sinfo --noheader --Node --nodes={victim} --format %T", check=False), 180, 3)

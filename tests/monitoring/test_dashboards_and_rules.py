@@ -51,6 +51,9 @@ def emitted(gpu, training, slurm, gluster, textfile, tmp_path_factory):
                          {"shared": (FIXTURES / "gluster_heal_summary.xml").read_text()}, 0.0),
     ]
     names = set(parse(textfile.render(families)))
+    # The backup role writes its own textfile metrics (its script needs restic to run; the names are its code's).
+    backup_script = (REPO / "roles" / "backup" / "files" / "sd3_backup.py").read_text()
+    names |= set(re.findall(r'metrics\.add\("(sd3_backup\w+)"', backup_script))
     names |= {line.split()[0] for line in (FIXTURES / "node_exporter_metric_names.txt").read_text().splitlines()
               if line and not line.startswith("#")}
     return names | {"up"}
@@ -92,7 +95,8 @@ def _rules() -> dict:
 def test_alert_rules_name_only_emitted_metrics(emitted):
     rules = [r for g in _rules()["groups"] for r in g["rules"]]
     wanted = {"NodeDown", "GpuXidError", "GpuUncorrectableEccErrors", "GpuHot", "GlusterBrickDown",
-              "GlusterHealBacklog", "TrainingStalled", "DiskNearlyFull"}
+              "GlusterHealBacklog", "TrainingStalled", "DiskNearlyFull", "BackupFailed", "BackupRestoreCheckFailed",
+              "BackupTooOld"}
     assert wanted <= {r["alert"] for r in rules}
     for rule in rules:
         unknown = metric_names(rule["expr"]) - emitted

@@ -4,8 +4,9 @@
 
 A case is PRESET:RESOLUTION:BATCH:VARIANT (variant syntax in sd3cluster.bench). MFU = FLOPs of one forward
 pass of the diffusers model counted by torch.utils.flop_counter, x 3, / (--peak-tflops x step time).
-`--sdpa` first times the attention kernels alone on SD3-medium's 1024^2 shape; `--profile` first prints the top
-CUDA kernels of one case.
+`--sdpa` first times the attention kernels and the MLP's GEMM (bf16 and fp8) alone on SD3-medium's 1024^2
+shape; `--profile-steps N` traces N more steps of every case once it is warm and prints the GPU time per step of
+each kernel family (attention, GEMM, fused Triton kernels, optimizer, other) and the top kernels.
 """
 
 from __future__ import annotations
@@ -59,18 +60,13 @@ def sdpa_microbench(batch: int = 8, heads: int = 24, seq: int = 4250, head_dim: 
     a = torch.randn(batch * 4096, 1536, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(6144, 1536, device="cuda", dtype=torch.bfloat16)
     mm = time_cuda(lambda: a @ w.t())
-    lines.append(f"matmul {a.shape[0]}x1536x6144 bf16: {2 * a.shape[0] * 1536 * 6144 / mm / 1e12:.0f} TFLOP/s")
+    mm_flops = 2 * a.shape[0] * 1536 * 6144
+    lines.append(f"matmul {a.shape[0]}x1536x6144 bf16: {mm_flops / mm / 1e12:.0f} TFLOP/s")
+    a8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    mm8 = time_cuda(lambda: torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    lines.append(f"matmul {a.shape[0]}x1536x6144 fp8 e4m3 (tensorwise scales): {mm_flops / mm8 / 1e12:.0f} TFLOP/s")
     return lines
-
-
-def profile_case(case: str, args: argparse.Namespace) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    preset, res, batch, spec = case.split(":", 3)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_variant(Variant.parse(spec), preset, int(res), int(batch), args.text_tokens, 2, 1,
-                    torch.device("cuda"), 1.0, args.peak_tflops)
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
 
 
 def main() -> int:
@@ -81,7 +77,7 @@ def main() -> int:
     parser.add_argument("--text-tokens", type=int, default=154)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of H100/H200 SXM")
     parser.add_argument("--sdpa", action="store_true")
-    parser.add_argument("--profile", default=None, help="a case to profile after the runs")
+    parser.add_argument("--profile-steps", type=int, default=0, help="trace this many warm steps of each case")
     parser.add_argument("--out", type=Path, default=None, help="JSON file of the results")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -90,12 +86,6 @@ def main() -> int:
     if args.sdpa:
         for line in sdpa_microbench():
             print(line, flush=True)
-    if args.profile:  # first, while the device's memory is clean
-        table = profile_case(args.profile, args)
-        print(table, flush=True)
-        if args.out:
-            args.out.with_suffix(".profile.txt").write_text(table)
-        torch.cuda.empty_cache()
     flops: dict[tuple[str, int], float] = {}
     results: list[BenchResult] = []
     for case in args.case:
@@ -109,7 +99,7 @@ def main() -> int:
         t0 = time.perf_counter()
         try:
             r = run_variant(variant, preset, res_i, int(batch), args.text_tokens, args.steps, args.warmup, device,
-                            flops[key], args.peak_tflops)
+                            flops[key], args.peak_tflops, profile_steps=args.profile_steps)
         except torch.OutOfMemoryError:
             print(f"[{case}] out of memory", flush=True)
             torch.cuda.empty_cache()
@@ -122,6 +112,9 @@ def main() -> int:
         print(f"[{case}] {r.images_per_s:.2f} images/s, MFU {r.mfu:.3f}, step {r.step_s * 1e3:.0f} ms, peak "
               f"{r.peak_gib:.1f} GiB, first step {r.compile_s:.0f} s, case {time.perf_counter() - t0:.0f} s",
               flush=True)
+        if "kernel_ms_per_step" in r.extra:
+            print(f"[{case}] GPU ms per step by kernel family: {r.extra['kernel_ms_per_step']}", flush=True)
+            print(r.extra["top_kernels"], flush=True)
         if args.out:
             args.out.write_text(json.dumps([asdict(x) for x in results], indent=2))
     print(format_table(results))

@@ -40,3 +40,14 @@ def test_fused_qkv_computes_the_same_function():
 def test_forward_flops_sd3_medium_1024():
     flops = forward_flops("sd3-medium", 1, 1024, 154)
     assert 8.0e12 < flops < 9.0e12  # about 25 TFLOP per image per training step (x3)
+
+
+def test_float8_takes_the_token_wise_linears_and_not_adaln():
+    from sd3cluster.models import _float8_eligible
+
+    model = fuse_qkv(build_transformer("sd3-medium", device="meta"))
+    chosen = {name for name, module in model.named_modules() if _float8_eligible(module, name)}
+    for i in range(24):
+        assert {f"transformer_blocks.{i}.attn.to_qkv", f"transformer_blocks.{i}.ff.net.2"} <= chosen
+        assert f"transformer_blocks.{i}.norm1.linear" not in chosen  # one row per sample: no fp8 GEMM
+    assert not any(name.startswith(("context_embedder", "time_text_embed", "proj_out")) for name in chosen)

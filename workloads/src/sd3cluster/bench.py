@@ -19,14 +19,23 @@ import torch
 
 from .config import Config, FlowConfig, OptimConfig
 from .flow import flow_loss, shift_sigmas
-from .models import build_transformer, count_parameters, example_inputs, forward_flops, fuse_qkv
+from .models import build_transformer, convert_to_float8, count_parameters, example_inputs, forward_flops, fuse_qkv
 from .optim import MasterWeightAdamW, make_adamw
 
 VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
     "reference": dict(fuse=0, compile="none", attn="default", weights="fp32", adam="foreach", ac=0, fsdp=0),
     "reference-compile": dict(fuse=0, compile="model", attn="default", weights="fp32", adam="fused", ac=0, fsdp=0),
-    "optimized": dict(fuse=1, compile="block", attn="cudnn", weights="bf16", adam="fused", ac=0, fsdp=0),
+    "optimized": dict(fuse=1, compile="block", attn="cudnn", weights="bf16", adam="fused", ac=0, fsdp=0,
+                      fp8="none"),
 }
+
+# Kernel families of a training step, by CUDA kernel name (first match wins).
+KERNEL_FAMILIES: list[tuple[str, str]] = [
+    ("attention", r"cudnn|fmha|flash|attn|sdpa"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|cublas|_mm_|splitk|scaled_mm"),
+    ("optimizer", r"multi_tensor|adam|foreach"),
+    ("triton (fused elementwise/norm)", r"triton"),
+]
 
 
 @dataclass
@@ -43,7 +52,7 @@ class Variant:
         options = dict(VARIANT_DEFAULTS[base])
         for item in filter(None, rest.split(",")):
             key, _, value = item.partition("=")
-            if key not in options and key not in ("batch", "mode", "res"):
+            if key not in options and key not in ("batch", "mode", "res", "fp8"):
                 raise ValueError(f"bench variant {spec!r}: unknown option {key!r}")
             options[key] = int(value) if value.lstrip("-").isdigit() else value
         return cls(spec, options)
@@ -75,6 +84,21 @@ def _attention_context(attn: str) -> contextlib.AbstractContextManager:
     return sdpa_kernel([backends[attn]])
 
 
+def kernel_breakdown(prof: Any, steps: int) -> dict[str, float]:
+    """Milliseconds of GPU time per step in each kernel family (KERNEL_FAMILIES, the rest as "other")."""
+    import re
+
+    totals: dict[str, float] = {name: 0.0 for name, _ in KERNEL_FAMILIES}
+    totals["other"] = 0.0
+    for event in prof.key_averages():
+        device_us = event.self_device_time_total  # kernels' own time: nothing counted twice
+        if not device_us:
+            continue
+        family = next((name for name, pattern in KERNEL_FAMILIES if re.search(pattern, event.key, re.I)), "other")
+        totals[family] += device_us / 1e3 / steps
+    return {k: round(v, 2) for k, v in totals.items()}
+
+
 def _init_single_process_group(device: torch.device) -> None:
     import os
 
@@ -89,7 +113,8 @@ def _init_single_process_group(device: torch.device) -> None:
 
 def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text_tokens: int, steps: int,
                 warmup: int, device: torch.device, flops_per_image: float, peak_tflops: float,
-                flow: FlowConfig | None = None, optim: OptimConfig | None = None) -> BenchResult:
+                flow: FlowConfig | None = None, optim: OptimConfig | None = None,
+                profile_steps: int = 0) -> BenchResult:
     o = variant.options
     batch = int(o.get("batch", batch))
     resolution = int(o.get("res", resolution))
@@ -102,6 +127,8 @@ def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text
     params = count_parameters(model)
     if o["fuse"]:
         fuse_qkv(model, attention_backend=o["attn"])
+    if o.get("fp8", "none") != "none":
+        convert_to_float8(model, o["fp8"])
     bf16_weights = o["weights"] == "bf16"
     if o["fsdp"]:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -167,12 +194,24 @@ def run_variant(variant: Variant, preset: str, resolution: int, batch: int, text
     images_per_s = batch / step_s
     mfu = flops_per_image * images_per_s / (peak_tflops * 1e12)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    extra: dict[str, Any] = {}
+    if profile_steps and device.type == "cuda":
+        # Steady state only: the model is compiled and warm, so no autotuning or compilation is in the trace.
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(profile_steps):
+                step()
+            sync()
+        extra["kernel_ms_per_step"] = kernel_breakdown(prof, profile_steps)
+        extra["top_kernels"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
+                                                         max_name_column_width=90)
     if o["fsdp"]:
         import torch.distributed as dist
 
         dist.destroy_process_group()
     return BenchResult(variant.name, preset, resolution, batch, params, step_s, images_per_s, mfu, peak, loss,
-                       compile_s)
+                       compile_s, extra)
 
 
 def train_flops_per_image(preset: str, resolution: int, text_tokens: int) -> float:

@@ -143,6 +143,31 @@ def fuse_qkv(model: nn.Module, attention_backend: str = "auto") -> nn.Module:
     return model
 
 
+def _float8_eligible(module: nn.Module, name: str) -> bool:
+    """The token-wise linears of the joint blocks: attention and MLP projections. Not the adaLN projections
+    (one row per sample, far too small for an fp8 GEMM) and not layers whose widths fp8 GEMMs cannot take."""
+    if not isinstance(module, nn.Linear) or not name.startswith("transformer_blocks."):
+        return False
+    if ".norm1" in name or "norm1_context" in name:
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def convert_to_float8(model: nn.Module, recipe: str = "tensorwise") -> nn.Module:
+    """Float8 GEMMs (torchao's float8 training, dynamic scaling) for the joint blocks' linears.
+
+    The weights stay in their dtype (the optimizer's masters are unchanged); inputs, weights and output
+    gradients are scaled and cast to float8 for each GEMM. Needs a GPU with fp8 tensor cores (sm_89+) and
+    torchao; it is fast only under torch.compile, which fuses the scaling into the neighbouring kernels.
+    """
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise RuntimeError("fp8 training needs torchao: pip install torchao (a version built for this torch)") from e
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return convert_to_float8_training(model, config=config, module_filter_fn=_float8_eligible)
+
+
 def example_inputs(preset: str, batch: int, resolution: int, text_tokens: int, device: torch.device | str,
                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     joint, pooled = text_dims(preset)

@@ -1,9 +1,10 @@
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from sd3_helpers import TINY, sd3cluster
-from sd3cluster.data import DistributedBatchSampler, ShardDataset, write_synthetic_shards
+from sd3cluster.data import DistributedBatchSampler, ReadAhead, ShardDataset, write_synthetic_shards
 from sd3cluster.errors import DataError
 
 
@@ -23,6 +24,46 @@ def test_sampler_resumes_exactly():
     b = DistributedBatchSampler(50, 4, 1, 2, seed=7)
     b.load_state_dict(a.state_dict())
     assert [a.next_indices() for _ in range(20)] == [b.next_indices() for _ in range(20)]
+
+
+def test_sampler_peek_is_the_next_batch_across_epochs():
+    s = DistributedBatchSampler(10, 4, rank=1, world=2, seed=5)  # 2 batches per epoch: peeks cross epochs
+    for _ in range(7):
+        state = s.state_dict()
+        peeked = s.peek_indices()
+        assert s.state_dict() == state  # peeking does not move the sampler
+        assert s.next_indices() == peeked
+
+
+def test_read_ahead_loads_the_next_key_on_its_thread():
+    threads: dict[int, str] = {}
+
+    def load(key: int) -> int:
+        threads[key] = threading.current_thread().name
+        return key * 10
+
+    reader = ReadAhead(load)
+    assert reader.take(1, next_key=2) == 10
+    assert reader.ahead is not None and reader.ahead[0] == 2
+    reader.ahead[1].result()  # key 2 was loaded before anyone asked for it
+    assert set(threads) == {1, 2}
+    assert reader.take(2, next_key=3) == 20 and threads[2].startswith("sd3cluster-data")
+    assert reader.take(7) == 70  # not the key read ahead (a resume moved the sampler): loaded on the spot
+    assert reader.ahead is None
+    reader.close()
+
+
+def test_read_ahead_raises_a_failed_read_where_it_is_taken():
+    def load(key: int) -> int:
+        if key == 2:
+            raise DataError("shard 2 is unreadable")
+        return key
+
+    reader = ReadAhead(load)
+    assert reader.take(1, next_key=2) == 1  # the failing read ahead does not fail this step
+    with pytest.raises(DataError, match="shard 2 is unreadable"):
+        reader.take(2)
+    reader.close()
 
 
 def test_shards_round_trip(tmp_path: Path):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -25,6 +28,36 @@ class Batch:
 
     def to(self, device: torch.device) -> Batch:
         return Batch(*(t.to(device, non_blocking=True) for t in (self.latents, self.prompt_embeds, self.pooled)))
+
+    def pin_memory(self) -> Batch:
+        return Batch(*(t.pin_memory() for t in (self.latents, self.prompt_embeds, self.pooled)))
+
+
+class ReadAhead:
+    """Runs `load(key)` for the next key on a worker thread while the caller works on the current one.
+
+    The training loop reads micro-batch n+1 (shard reads, noise, pinned host memory) while micro-batch n runs on
+    the device, so the GPU does not wait for the host between steps. `load` must be a pure function of its key:
+    then reading ahead changes nothing, and a key that is not the one read ahead (after a resume, say) is simply
+    loaded on the spot. One worker thread does every load, so a dataset's open files see one thread only.
+    """
+
+    def __init__(self, load: Callable[[Hashable], Any]):
+        self.load = load
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sd3cluster-data")
+        self.ahead: tuple[Hashable, Future] | None = None
+
+    def take(self, key: Hashable, next_key: Hashable | None = None) -> Any:
+        if self.ahead is not None and self.ahead[0] == key:
+            future = self.ahead[1]
+        else:
+            future = self.pool.submit(self.load, key)
+        self.ahead = (next_key, self.pool.submit(self.load, next_key)) if next_key is not None else None
+        return future.result()  # a failed read raises here, in the loop, with its own message
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.ahead = None
 
 
 class ShardWriter:
@@ -157,29 +190,38 @@ class DistributedBatchSampler:
         self.shuffle = shuffle
         self.epoch, self.position = 0, 0
         self._perm: torch.Tensor | None = None
+        self._perm_epoch = -1
 
     @property
     def batches_per_epoch(self) -> int:
         return self.samples // self.global_batch
 
-    def _permutation(self) -> torch.Tensor:
-        if self._perm is None and not self.shuffle:
-            self._perm = torch.arange(self.samples)
-        if self._perm is None:
-            self._perm = torch.randperm(self.samples, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if self._perm is None or self._perm_epoch != epoch:
+            self._perm = torch.randperm(self.samples, generator=torch.Generator().manual_seed(self.seed + epoch)) \
+                if self.shuffle else torch.arange(self.samples)
+            self._perm_epoch = epoch
         return self._perm
 
-    def next_indices(self) -> list[int]:
-        if self.position >= self.batches_per_epoch:
-            self.epoch, self.position, self._perm = self.epoch + 1, 0, None
-        start = self.position * self.global_batch
-        chunk = self._permutation()[start:start + self.global_batch]
+    def _indices(self, epoch: int, position: int) -> tuple[int, int, list[int]]:
+        """(epoch, position) of the micro-step after this one, and this rank's indices of this one."""
+        if position >= self.batches_per_epoch:
+            epoch, position = epoch + 1, 0
+        start = position * self.global_batch
+        chunk = self._permutation(epoch)[start:start + self.global_batch]
         per_rank = self.global_batch // self.world
-        self.position += 1
-        return chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+        return epoch, position + 1, chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+
+    def next_indices(self) -> list[int]:
+        self.epoch, self.position, indices = self._indices(self.epoch, self.position)
+        return indices
+
+    def peek_indices(self) -> list[int]:
+        """What next_indices() will return, without moving: the data loader reads it ahead."""
+        return self._indices(self.epoch, self.position)[2]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position, self._perm = int(state["epoch"]), int(state["position"]), None
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from .checkpoint import CheckpointManager
 from .config import Config
-from .data import DistributedBatchSampler, ShardDataset, SyntheticDataset
+from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, SyntheticDataset
 from .dist import Runtime, all_reduce
 from .errors import DataError
 from .flow import batch_noise, flow_loss
@@ -73,7 +73,37 @@ class Trainer:
         self.sampler = DistributedBatchSampler(len(self.dataset), self.data_batch, self.data_rank, data_world,
                                                cfg.data.seed, shuffle=not fixed_batch)
         self.latent_shape = tuple(self.dataset.shapes["latents"])
+        self.reader = ReadAhead(self._read_micro_batch)
         self.step = 0
+
+    # -- input of one micro-step ----------------------------------------------------------------------------
+    def _read_micro_batch(self, key: tuple[tuple[int, ...], int]) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+        """This rank's samples, noise and timesteps of one micro-step: a pure function of (indices, noise index),
+        so ReadAhead may run it early on its thread. Pinned host memory makes the copy to the GPU asynchronous."""
+        indices, noise_index = key
+        batch = self.dataset.get(list(indices))
+        noise, sigmas = batch_noise(self.cfg.flow, self.cfg.train.seed, noise_index, self.data_batch,
+                                    self.latent_shape)
+        lo, hi = self.data_rank * self.micro_batch, (self.data_rank + 1) * self.micro_batch
+        noise, sigmas = noise[lo:hi], sigmas[lo:hi]
+        if self.rt.device.type == "cuda":
+            batch, noise, sigmas = batch.pin_memory(), noise.pin_memory(), sigmas.pin_memory()
+        return batch, noise, sigmas
+
+    def _noise_index(self, micro_step: int) -> int:
+        return 0 if self.fixed_noise else micro_step
+
+    def _next_micro_batch(self, micro: int) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+        accum = self.cfg.train.grad_accum
+        micro_step = self.step * accum + micro
+        key = (tuple(self.sampler.next_indices()), self._noise_index(micro_step))
+        next_key = (tuple(self.sampler.peek_indices()), self._noise_index(micro_step + 1))
+        batch, noise, sigmas = self.reader.take(key, next_key)
+        device = self.rt.device
+        return batch.to(device), noise.to(device, non_blocking=True), sigmas.to(device, non_blocking=True)
+
+    def close(self) -> None:
+        self.reader.close()
 
     # -- one optimizer step -------------------------------------------------------------------------------
     def _sync_context(self, last_micro: bool) -> contextlib.AbstractContextManager:
@@ -91,11 +121,7 @@ class Trainer:
         autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.fsdp)
         in_dtype = torch.bfloat16 if self.bf16 and self.fsdp else torch.float32
         for micro in range(accum):
-            batch = self.dataset.get(self.sampler.next_indices()).to(rt.device)
-            noise_index = 0 if self.fixed_noise else self.step * accum + micro
-            noise, sigmas = batch_noise(cfg.flow, cfg.train.seed, noise_index, self.data_batch, self.latent_shape)
-            lo, hi = self.data_rank * self.micro_batch, (self.data_rank + 1) * self.micro_batch
-            noise, sigmas = noise[lo:hi].to(rt.device), sigmas[lo:hi].to(rt.device)
+            batch, noise, sigmas = self._next_micro_batch(micro)
             last = micro == accum - 1
             if self.fsdp and last:
                 self.model.set_requires_gradient_sync(True)
@@ -235,21 +261,24 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
              f"{cfg.train.parallel if rt.distributed else 'none'}; global batch "
              f"{trainer.global_micro * cfg.train.grad_accum}")
     images_per_step = trainer.global_micro * cfg.train.grad_accum
-    last = time.perf_counter()
-    metrics: dict[str, float] = {}
-    while trainer.step < cfg.train.steps:
-        metrics = trainer.train_step()
-        now = time.perf_counter()
-        images_per_s = images_per_step / max(now - last, 1e-9)
-        last = now
-        if not math.isfinite(metrics["loss"]):
-            raise FloatingPointError(f"loss became {metrics['loss']} at step {trainer.step}; lower optim.lr")
-        if trainer.step % cfg.train.log_every == 0 or trainer.step == cfg.train.steps:
-            log.log(trainer.step, metrics, images_per_s)
-        if manager is not None and (trainer.step % cfg.checkpoint.every == 0 or trainer.step == cfg.train.steps):
-            saved = trainer.save(manager)
-            log.note(f"checkpoint {saved} (step {trainer.step})")
-            last = time.perf_counter()
-        _maybe_kill(cfg, rt, trainer.step)
-    log.close()
+    try:
+        last = time.perf_counter()
+        metrics: dict[str, float] = {}
+        while trainer.step < cfg.train.steps:
+            metrics = trainer.train_step()
+            now = time.perf_counter()
+            images_per_s = images_per_step / max(now - last, 1e-9)
+            last = now
+            if not math.isfinite(metrics["loss"]):
+                raise FloatingPointError(f"loss became {metrics['loss']} at step {trainer.step}; lower optim.lr")
+            if trainer.step % cfg.train.log_every == 0 or trainer.step == cfg.train.steps:
+                log.log(trainer.step, metrics, images_per_s)
+            if manager is not None and (trainer.step % cfg.checkpoint.every == 0 or trainer.step == cfg.train.steps):
+                saved = trainer.save(manager)
+                log.note(f"checkpoint {saved} (step {trainer.step})")
+                last = time.perf_counter()
+            _maybe_kill(cfg, rt, trainer.step)
+    finally:
+        log.close()
+        trainer.close()
     return {"step": trainer.step, "resumed_from": resumed_from, **metrics}

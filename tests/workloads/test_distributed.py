@@ -44,3 +44,22 @@ def test_killed_worker_restarts_and_resumes_from_last_complete_checkpoint(tmp_pa
     assert steps[-1] == 8 and steps.count(5) == 2  # step 5 ran, was lost with the worker, and ran again
     assert (ck / "latest").read_text().strip() == "step-00000008"
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step-")) == ["step-00000006", "step-00000008"]
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_one_rank_and_ddp(tmp_path: Path):
+    """One rank trains the bare model (no DDP wrapper: nothing to average); its checkpoint must load into a DDP
+    run on two ranks, and that one's back into a single rank, as when a job is resized between restarts."""
+    ck = tmp_path / "ck"
+    common = ["train", "--device", "cpu", *TINY, "--checkpoint-dir", str(ck), "--set", "checkpoint.every=2",
+              "--set", "data.synthetic_samples=16", "--set", "output.progress=false",
+              "--output-dir", str(tmp_path / "out")]
+    for nproc, steps, resumed in [(1, 2, None), (2, 4, 2), (1, 6, 4)]:
+        result = torchrun(nproc, *common, "--steps", str(steps))
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, log[-6000:]
+        assert f"parallel {'none' if nproc == 1 else 'ddp'};" in log
+        if resumed is not None:
+            assert f"step-{resumed:08d} at step {resumed}" in log, log[-4000:]
+        assert f"done: step {steps}" in log
+    assert (ck / "latest").read_text().strip() == "step-00000006"

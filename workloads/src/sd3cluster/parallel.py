@@ -75,6 +75,10 @@ def parallelize(model: nn.Module, rt: Runtime, parallel: str, compile_blocks: bo
         apply_compile(model)
     if not rt.distributed:
         return model
+    if parallel == "ddp" and rt.world == 1:
+        # One rank has nothing to average, and DDP would still launch an all-reduce per 25 MB bucket beside the
+        # backward. The checkpoint is the same either way (get_state_dict names parameters without "module.").
+        return model
     if parallel == "fsdp":
         return apply_fsdp(model, rt, bf16)
     return apply_ddp(model, rt, ordered_reduce)

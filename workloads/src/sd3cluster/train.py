@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
 
 from .checkpoint import CheckpointManager
 from .config import Config
@@ -107,7 +108,7 @@ class Trainer:
 
     # -- one optimizer step -------------------------------------------------------------------------------
     def _sync_context(self, last_micro: bool) -> contextlib.AbstractContextManager:
-        if last_micro or not self.rt.distributed:
+        if last_micro or not (self.fsdp or isinstance(self.model, DistributedDataParallel)):
             return contextlib.nullcontext()
         if self.fsdp:
             self.model.set_requires_gradient_sync(False)
@@ -256,10 +257,10 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
     log = MetricsLogger(cfg, rt, cfg.train.steps, trainer.step, flops)
     if resumed_from:
         log.note(f"resumed from {resumed_from} at step {trainer.step} (restart {rt.restart_count})")
+    wrapped = trainer.fsdp or isinstance(trainer.model, DistributedDataParallel)
     log.note(f"model {cfg.model.preset}: {trainer.parameters_count:,} parameters; {rt.world} rank(s) on "
              f"{rt.device.type} ({rt.backend if rt.distributed else 'single process'}); parallel "
-             f"{cfg.train.parallel if rt.distributed else 'none'}; global batch "
-             f"{trainer.global_micro * cfg.train.grad_accum}")
+             f"{cfg.train.parallel if wrapped else 'none'}; global batch {trainer.global_micro * cfg.train.grad_accum}")
     images_per_step = trainer.global_micro * cfg.train.grad_accum
     try:
         last = time.perf_counter()

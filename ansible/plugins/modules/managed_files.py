@@ -111,24 +111,15 @@ def parse_mode(mode, path):
     return value
 
 
-def resolve_uid(owner):
-    """The uid of a user name or numeric uid; None when it does not exist here."""
-    if owner is None:
+def resolve_id(name, lookup, field):
+    """The numeric id of a user or group name (or of a number given as text); None when it does not exist here.
+    lookup is pwd.getpwnam or grp.getgrnam, field the id's attribute in its answer."""
+    if name is None:
         return None
     try:
-        return pwd.getpwnam(owner).pw_uid
+        return getattr(lookup(name), field)
     except KeyError:
-        return int(owner) if owner.isdigit() else None
-
-
-def resolve_gid(group):
-    """The gid of a group name or numeric gid; None when it does not exist here."""
-    if group is None:
-        return None
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        return int(group) if group.isdigit() else None
+        return int(name) if name.isdigit() else None
 
 
 def normalise(entry, defaults):
@@ -225,7 +216,8 @@ def converge(module, entries, defaults):
                 if not module.check_mode:
                     os.unlink(path)
             continue
-        uid, gid = resolve_uid(want["owner"]), resolve_gid(want["group"])
+        uid = resolve_id(want["owner"], pwd.getpwnam, "pw_uid")
+        gid = resolve_id(want["group"], grp.getgrnam, "gr_gid")
         for name, value, resolved in (("owner", want["owner"], uid), ("group", want["group"], gid)):
             if value is not None and resolved is None:
                 # In check mode the user may be one that an earlier task of this run would have made.

@@ -1,15 +1,17 @@
-"""The `sd3cluster` command: prepare | train | verify | bench, all on one validated configuration."""
+"""The `sd3cluster` command: prepare | train | verify | bench | export | generate, on one validated configuration."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .config import Config, load_config
 from .errors import UserError
 
-# Convenience flags: each one is a shorthand for `--set KEY=VALUE`.
-SHORTCUTS: dict[str, list[tuple[str, str, str]]] = {
+# Convenience flags: each one is a shorthand for `--set KEY=VALUE`; a fourth element "switch" makes it a
+# flag without a value (`--ema` = `--set export.ema=true`).
+SHORTCUTS: dict[str, list[tuple[str, ...]]] = {
     "prepare": [("--images", "prepare.images", "folder of images with NAME.txt captions"),
                 ("--encoders", "prepare.encoders", "local SD3 folder with the VAE and text encoders"),
                 ("--out", "prepare.out", "output folder of the shards"),
@@ -35,6 +37,32 @@ SHORTCUTS: dict[str, list[tuple[str, str, str]]] = {
               ("--batch-size", "data.batch_size", "batch per step"),
               ("--variants", "bench.variants", "comma-separated variants (reference,optimized,...)"),
               ("--report", "bench.report", "JSON results path")],
+    "export": [("--checkpoint", "export.checkpoint", "a run's checkpoint folder, or one step-* in it"),
+               ("--step", "export.step", "step to export (default: the newest complete one)"),
+               ("--out", "export.out", "diffusers folder to write (new or empty)"),
+               ("--base", "export.base", "local diffusers SD3 folder: write a whole pipeline folder"),
+               ("--dtype", "export.dtype", "bf16 | fp32"),
+               ("--ema", "export.ema", "export the EMA weights", "switch"),
+               ("--link", "export.link", "symlink the base's parts instead of copying them", "switch")],
+    "generate": [("--prompts", "generate.prompts", "prompt file: .txt (a line each) or .jsonl"),
+                 ("--out", "generate.out", "folder of images/ and manifest.jsonl"),
+                 ("--pretrained", "generate.pretrained", "local diffusers SD3 folder"),
+                 ("--checkpoint", "generate.checkpoint", "training checkpoint (the transformer comes from it)"),
+                 ("--step", "generate.step", "checkpoint step (default: newest complete)"),
+                 ("--preset", "model.preset", "random-weight model of this preset when no weights are given"),
+                 ("--steps", "generate.steps", "sampling steps"),
+                 ("--guidance", "generate.guidance", "classifier-free guidance scale"),
+                 ("--size", "generate.size", "image size: N or WIDTHxHEIGHT, multiples of 16"),
+                 ("--negative-prompt", "generate.negative_prompt", "negative prompt of every image"),
+                 ("--images-per-prompt", "generate.images_per_prompt", "images of each prompt"),
+                 ("--batch-size", "generate.batch_size", "images per forward pass and rank"),
+                 ("--seed", "generate.seed", "base seed"),
+                 ("--dtype", "generate.dtype", "auto | bf16 | fp16 | fp32"),
+                 ("--device", "generate.device", "auto | cpu | cuda"),
+                 ("--ema", "generate.ema", "the checkpoint's EMA weights", "switch"),
+                 ("--compile", "generate.compile", "torch.compile each transformer block", "switch"),
+                 ("--cfg-parallel", "generate.cfg_parallel", "guided passes on two ranks (even rank count)",
+                  "switch")],
 }
 
 
@@ -44,23 +72,38 @@ def build_parser() -> argparse.ArgumentParser:
     helps = {"prepare": "images + captions -> latent and embedding shards (or synthetic shards)",
              "train": "rectified-flow training (torchrun for several ranks)",
              "verify": "checks with numbers and a verdict; non-zero exit on any failure",
-             "bench": "training-step throughput and MFU of model variants"}
+             "bench": "training-step throughput and MFU of model variants",
+             "export": "training checkpoint -> diffusers folder (transformer, or a whole pipeline with --base)",
+             "generate": "prompt file -> PNG images and manifest.jsonl (torchrun: one process per GPU)"}
     for name, shortcuts in SHORTCUTS.items():
         p = sub.add_parser(name, help=helps[name])
         p.add_argument("--config", help="YAML file with any of the sections model/data/flow/optim/train/...")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override one config key, e.g. --set train.steps=10 (repeatable)")
         p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
-        for flag, key, text in shortcuts:
-            p.add_argument(flag, dest=key, default=None, help=f"{text} (= --set {key}=...)")
+        for flag, key, text, *kind in shortcuts:
+            if kind == ["switch"]:
+                p.add_argument(flag, dest=key, action="store_const", const="true", default=None,
+                               help=f"{text} (= --set {key}=true)")
+            else:
+                p.add_argument(flag, dest=key, default=None, help=f"{text} (= --set {key}=...)")
     return parser
+
+
+def _size_overrides(value: str) -> list[str]:
+    """`--size 1024` or `--size 1024x768` -> generate.width / generate.height (validated with the config)."""
+    width, sep, height = value.lower().partition("x")
+    return [f"generate.width={width.strip()}", f"generate.height={(height if sep else width).strip()}"]
 
 
 def resolve(args: argparse.Namespace) -> Config:
     overrides = []
-    for _, key, _ in SHORTCUTS[args.command]:
+    for _, key, *_ in SHORTCUTS[args.command]:
         value = getattr(args, key)
         if value is not None:
+            if key == "generate.size":
+                overrides += _size_overrides(value)
+                continue
             if key == "bench.variants":
                 value = "[" + ",".join(f'"{v}"' for v in value.split(";" if ";" in value else ",")) + "]"
             overrides.append(f"{key}={value}")
@@ -80,10 +123,22 @@ def _run(args: argparse.Namespace, cfg: Config) -> int:
         print(cfg.pretty(), flush=True)
         run_bench(cfg)
         return 0
+    if args.command == "export":
+        from .export import export
+
+        _quiet_libraries()
+        export(cfg.export)
+        return 0
     from .dist import init_runtime
 
-    rt = init_runtime(cfg.train.device)
+    rt = init_runtime(cfg.generate.device if args.command == "generate" else cfg.train.device)
     try:
+        if args.command == "generate":
+            from .generate import generate
+
+            _quiet_libraries()
+            generate(cfg, rt)
+            return 0
         if rt.is_main:
             print(f"sd3cluster {args.command}: configuration\n{cfg.pretty()}", flush=True)
         if args.command == "train":
@@ -103,6 +158,17 @@ def _run(args: argparse.Namespace, cfg: Config) -> int:
             dist.destroy_process_group()
 
 
+def _quiet_libraries() -> None:
+    """Library chatter that is no use to a user of these commands: diffusers' dtype advice on a cast we mean,
+    DCP's note that it reads in one process (export and generate always do)."""
+    import warnings
+
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -112,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return _run(args, cfg)
     except UserError as e:
-        print(f"sd3cluster {args.command}: error: {e}", file=sys.stderr, flush=True)
+        # Every rank of a torchrun launch meets the same input error; rank 0 says it once.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"sd3cluster {args.command}: error: {e}", file=sys.stderr, flush=True)
         return 2
 
 

@@ -116,6 +116,61 @@ class PrepareConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
+class PreviewConfig(_Section):
+    """Images rendered from the current weights while training, so users see what the model learns."""
+
+    every: int = Field(0, ge=0, description="render the prompts every N optimizer steps; 0 turns previews off")
+    prompts: list[str] = Field(["a photo of a cat", "a red house in the snow"], description="fixed prompt set")
+    steps: int = Field(20, ge=1, description="sampling steps per preview image")
+    guidance: float = Field(5.0, ge=0, description="classifier-free guidance scale (1 or less: no guidance)")
+    seed: int = 0
+    encoders: Path | None = Field(None, description="local SD3 folder with VAE and text encoders; default "
+                                  "model.pretrained, else random encoders of the preset (tests)")
+
+
+class ExportConfig(_Section):
+    checkpoint: Path | None = Field(None, description="checkpoint folder of a run (checkpoint.dir) or one step-* of it")
+    step: int | Literal["latest"] = Field("latest", description="which complete checkpoint of that folder")
+    out: Path | None = Field(None, description="diffusers folder to write (must not exist or be empty)")
+    base: Path | None = Field(None, description="local diffusers SD3 folder: copy its scheduler, VAE, text "
+                              "encoders and tokenizers beside the transformer (a whole pipeline folder)")
+    link: bool = Field(False, description="symlink the base's parts instead of copying them")
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    ema: bool = Field(False, description="export the EMA weights (the run must have train.ema_decay > 0)")
+    max_shard_size: str = Field("5GB", description="largest safetensors file (diffusers' shard size syntax)")
+
+
+class GenerateConfig(_Section):
+    prompts: Path | None = Field(None, description="prompt file: one prompt per line (.txt) or JSON objects "
+                                 "(.jsonl: prompt, and optional negative_prompt, seed, width, height)")
+    out: Path | None = Field(None, description="folder of images/ and manifest.jsonl (the shared volume)")
+    pretrained: Path | None = Field(None, description="local diffusers SD3 folder (a whole pipeline)")
+    checkpoint: Path | None = Field(None, description="training checkpoint (DCP) to take the transformer from")
+    step: int | Literal["latest"] = "latest"
+    ema: bool = Field(False, description="the checkpoint's EMA weights")
+    steps: int = Field(28, ge=1, le=1000, description="sampling steps")
+    guidance: float = Field(7.0, ge=0, le=100, description="classifier-free guidance scale (1 or less: none)")
+    width: int = Field(1024, ge=16, le=8192)
+    height: int = Field(1024, ge=16, le=8192)
+    negative_prompt: str = ""
+    images_per_prompt: int = Field(1, ge=1, le=1000)
+    batch_size: int = Field(4, ge=1, description="images per forward pass and rank")
+    seed: int = Field(0, ge=0, description="base seed; each (prompt, image) gets its own seed from it")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compile: bool = Field(False, description="torch.compile each transformer block (GPU; pays off past ~50 images)")
+    cfg_parallel: bool = Field(False, description="conditional and unconditional passes on two ranks (latency)")
+    max_sequence_length: int = Field(77, ge=1, le=512, description="T5 tokens (77: 154 text tokens in all)")
+    progress_every_s: float = Field(10.0, gt=0, description="seconds between progress lines and progress.json")
+
+    @model_validator(mode="after")
+    def _sides_multiple(self) -> GenerateConfig:
+        for name in ("width", "height"):
+            if getattr(self, name) % 16:
+                raise ValueError(f"{name} must be a multiple of 16 (VAE factor 8 x patch 2), got {getattr(self, name)}")
+        return self
+
+
 class BenchConfig(_Section):
     steps: int = Field(10, ge=1)
     warmup: int = Field(3, ge=1)
@@ -133,6 +188,9 @@ class Config(_Section):
     output: OutputConfig = OutputConfig()
     verify: VerifyConfig = VerifyConfig()
     prepare: PrepareConfig = PrepareConfig()
+    preview: PreviewConfig = PreviewConfig()
+    export: ExportConfig = ExportConfig()
+    generate: GenerateConfig = GenerateConfig()
     bench: BenchConfig = BenchConfig()
 
     def pretty(self) -> str:
@@ -175,6 +233,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
             lines.append(f"  {key}: {e['msg']}{shown}")
+    if len(lines) == 2:  # one problem: one line
+        return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)
 
 

@@ -54,6 +54,11 @@ def init_runtime(device: str = "auto", timeout_s: int = 600) -> Runtime:
     local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        from .errors import UserError
+
+        raise UserError("device cuda was asked for, but torch sees no CUDA device here (CPU-only torch build, no "
+                        "driver, or CUDA_VISIBLE_DEVICES hides them); use --device cpu or auto")
     dev = torch.device(f"cuda:{local_rank}") if device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -143,6 +143,45 @@ def fuse_qkv(model: nn.Module, attention_backend: str = "auto") -> nn.Module:
     return model
 
 
+# Fused projection -> the diffusers names of its parts, in the order fuse_qkv concatenated them.
+_FUSED_PARTS = {"to_qkv": ("to_q", "to_k", "to_v"), "to_added_qkv": ("add_q_proj", "add_k_proj", "add_v_proj")}
+
+
+def unfuse_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of fuse_qkv on a state dict: names and tensors as diffusers' SD3Transformer2DModel has them."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        module, _, leaf = key.rpartition(".")
+        parent, _, name = module.rpartition(".")
+        if name not in _FUSED_PARTS:
+            out[key] = tensor
+            continue
+        for part_name, part in zip(_FUSED_PARTS[name], tensor.chunk(3, dim=0), strict=True):
+            out[f"{parent}.{part_name}.{leaf}"] = part.clone()
+    return out
+
+
+def transformer_description(model: nn.Module, preset: str, fused: bool) -> dict[str, Any]:
+    """What export needs to rebuild the trained module: its diffusers config and whether q/k/v were fused."""
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(model.config).items()
+              if not k.startswith("_")}
+    return {"preset": preset, "fuse_qkv": fused, "transformer_config": config}
+
+
+def build_from_description(description: dict[str, Any], device: torch.device | str = "cpu") -> nn.Module:
+    """The trained module's architecture (random weights), as `transformer_description` recorded it."""
+    from diffusers import SD3Transformer2DModel
+
+    config = dict(description["transformer_config"])
+    if isinstance(config.get("dual_attention_layers"), list):
+        config["dual_attention_layers"] = tuple(config["dual_attention_layers"])
+    with torch.device(device):
+        model = SD3Transformer2DModel(**config)
+    if description.get("fuse_qkv"):
+        fuse_qkv(model)
+    return model
+
+
 def _float8_eligible(module: nn.Module, name: str) -> bool:
     """The token-wise linears of the joint blocks: attention and MLP projections. Not the adaLN projections
     (one row per sample, far too small for an fp8 GEMM) and not layers whose widths fp8 GEMMs cannot take."""

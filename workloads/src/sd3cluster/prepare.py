@@ -7,73 +7,18 @@ text_encoder_2/ (CLIP-G), text_encoder_3/ (T5), tokenizer/, tokenizer_2/, tokeni
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from .components import encode_prompts, load_encoders
 from .config import Config
 from .data import ShardWriter, write_synthetic_shards
 from .errors import DataError
 from .models import text_dims
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
-ENCODER_PARTS = ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")
-
-
-@dataclass
-class Encoders:
-    vae: torch.nn.Module
-    clip_l: torch.nn.Module
-    clip_g: torch.nn.Module
-    t5: torch.nn.Module
-    tok_l: object
-    tok_g: object
-    tok_t5: object
-
-
-def load_encoders(folder: Path, device: torch.device) -> Encoders:
-    from diffusers import AutoencoderKL
-    from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
-
-    folder = Path(folder)
-    missing = [p for p in ENCODER_PARTS if not (folder / p).is_dir()]
-    if missing:
-        raise DataError(f"prepare.encoders {folder} lacks {', '.join(missing)}: it must be laid out like a diffusers "
-                        "SD3 checkpoint (vae/, text_encoder{,_2,_3}/, tokenizer{,_2,_3}/)")
-
-    def load(cls, sub):
-        return cls.from_pretrained(folder / sub, local_files_only=True).to(device).eval().requires_grad_(False)
-
-    return Encoders(load(AutoencoderKL, "vae"), load(CLIPTextModelWithProjection, "text_encoder"),
-                    load(CLIPTextModelWithProjection, "text_encoder_2"), load(T5EncoderModel, "text_encoder_3"),
-                    *(AutoTokenizer.from_pretrained(folder / t, local_files_only=True)
-                      for t in ("tokenizer", "tokenizer_2", "tokenizer_3")))
-
-
-def _ids(tokenizer, prompts: list[str], length: int, device: torch.device) -> torch.Tensor:
-    return tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
-                     return_tensors="pt").input_ids.to(device)
-
-
-@torch.no_grad()
-def encode_prompts(enc: Encoders, prompts: list[str], clip_tokens: int, t5_tokens: int,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """SD3's conditioning: CLIP penultimate states (L ++ G, zero-padded to T5's width) ++ T5 states along the
-    sequence; pooled = CLIP-L and CLIP-G projections side by side."""
-    states, pooled = [], []
-    for model, tok in ((enc.clip_l, enc.tok_l), (enc.clip_g, enc.tok_g)):
-        out = model(_ids(tok, prompts, clip_tokens, device), output_hidden_states=True)
-        states.append(out.hidden_states[-2])
-        pooled.append(out.text_embeds)
-    clip = torch.cat(states, dim=-1)
-    t5 = enc.t5(_ids(enc.tok_t5, prompts, t5_tokens, device))[0]
-    if clip.shape[-1] > t5.shape[-1]:
-        raise DataError(f"CLIP widths ({clip.shape[-1]}) exceed T5's ({t5.shape[-1]}); these encoders do not match")
-    clip = F.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
-    return torch.cat([clip, t5], dim=-2), torch.cat(pooled, dim=-1)
 
 
 def load_image(path: Path, resolution: int) -> torch.Tensor:
@@ -128,7 +73,7 @@ def prepare(cfg: Config) -> Path:
                           else "cpu")
     pairs = find_pairs(p.images)
     start = time.perf_counter()
-    enc = load_encoders(p.encoders, device)
+    enc = load_encoders(p.encoders, device, what="prepare.encoders")
     scaling = float(enc.vae.config.scaling_factor)
     shift = float(enc.vae.config.shift_factor or 0.0)
     print(f"[prepare] {len(pairs)} images, encoders loaded in {time.perf_counter() - start:.1f} s "

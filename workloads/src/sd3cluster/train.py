@@ -21,7 +21,7 @@ from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, Synth
 from .dist import Runtime, all_reduce
 from .errors import DataError
 from .flow import batch_noise, flow_loss
-from .models import build_transformer, count_parameters, forward_flops, fuse_qkv, text_dims
+from .models import build_transformer, count_parameters, forward_flops, fuse_qkv, text_dims, transformer_description
 from .optim import EMA, make_adamw, make_warmup
 from .parallel import parallelize, unwrap
 
@@ -54,6 +54,7 @@ class Trainer:
         self.bf16 = cfg.train.precision == "bf16" and cuda
         model = build_transformer(cfg.model.preset, cfg.model.pretrained, device=rt.device, seed=cfg.train.seed)
         self.parameters_count = count_parameters(model)
+        self.description = transformer_description(model, cfg.model.preset, cfg.model.fuse_qkv)
         if cfg.model.fuse_qkv:
             fuse_qkv(model, attention_backend="cudnn" if cuda else "auto")
         self.model = parallelize(model, rt, cfg.train.parallel, cfg.model.compile and cuda,
@@ -156,7 +157,9 @@ class Trainer:
 
     def trainer_state(self) -> dict[str, Any]:
         return {"step": self.step, "sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "world": self.rt.world, "global_micro_batch": self.global_micro}
+                "world": self.rt.world, "global_micro_batch": self.global_micro, "model": self.description,
+                "pretrained": str(self.cfg.model.pretrained) if self.cfg.model.pretrained else None,
+                "ema": self.ema is not None}
 
     def load(self, manager: CheckpointManager, path: Path) -> None:
         tensors = self.tensor_state()

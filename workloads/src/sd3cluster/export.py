@@ -1,0 +1,209 @@
+"""`sd3cluster export`: a complete training checkpoint (DCP, DDP or FSDP2, any rank count) -> a diffusers folder.
+
+The checkpoint's trainer.json describes the trained module (diffusers config, fused q/k/v or not); export rebuilds
+it in one process, reads the model (or EMA) tensors from the DCP files (DCP reshards whatever the saving ranks
+held), turns fused projections back into diffusers' names and writes `transformer/` with `save_pretrained`.
+Everything is written into a hidden sibling folder first and renamed at the end, so a failed export leaves
+nothing that looks finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import MARKER, complete_checkpoints, is_complete
+from .config import ExportConfig
+from .errors import CheckpointError, UserError
+from .models import build_from_description, unfuse_state_dict
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Parts of a diffusers SD3 pipeline folder besides the transformer (what --base contributes).
+PIPELINE_PARTS = ("scheduler", "vae", "text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2",
+                  "tokenizer_3")
+SCHEDULER_CONFIG = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
+
+
+def resolve_checkpoint(path: Path, step: int | str = "latest") -> Path:
+    """A step folder, or a run's checkpoint folder and the step to take from it (newest complete by default)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist; pass the run's checkpoint.dir or one step-* in it")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a file; pass the run's checkpoint folder (checkpoint.dir)")
+    if (path / ".metadata").is_file() or (path / MARKER).is_file():
+        if not is_complete(path):
+            raise CheckpointError(f"checkpoint {path} is incomplete (no {MARKER} marker, .metadata or trainer.json): "
+                                  "its save was cut off; pick another step")
+        return path
+    done = complete_checkpoints(path)
+    if not done:
+        torn = sorted(p.name for p in path.glob("*step-*"))
+        extra = f" ({', '.join(torn)} are incomplete: their saves were cut off)" if torn else ""
+        raise CheckpointError(f"{path} holds no complete checkpoint{extra}; point at a run's checkpoint.dir")
+    if step == "latest":
+        return done[-1][1]
+    for found_step, folder in done:
+        if found_step == int(step):
+            return folder
+    raise CheckpointError(f"{path} has no complete checkpoint of step {step}; complete ones: "
+                          f"{', '.join(str(s) for s, _ in done)}")
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((Path(path) / "trainer.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: trainer.json cannot be read ({e})") from None
+    if "model" not in state:
+        raise CheckpointError(f"checkpoint {path} does not describe its model (written by an older sd3cluster); "
+                              "resume it once with this version and let it save again, then export that checkpoint")
+    return state
+
+
+def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path}: its .metadata cannot be read ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]})") from None
+    return {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
+
+
+def _compare(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], path: Path, what: str) -> None:
+    missing = [k for k in expected if k not in found]
+    wrong = [f"{k} {found[k]} != {expected[k]}" for k in expected if k in found and found[k] != expected[k]]
+    if missing or wrong:
+        shown = (missing[:3] + wrong[:3])
+        raise CheckpointError(f"checkpoint {path}: its {what} does not match the model its trainer.json describes "
+                              f"({len(missing)} missing, {len(wrong)} of another shape; e.g. {'; '.join(shown)})")
+
+
+def _load_dcp(template: dict[str, Any], path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(template, checkpoint_id=str(path))
+    except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:300]}); pick another step") from None
+
+
+def load_trained_transformer(path: Path, ema: bool = False) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The checkpoint's transformer as diffusers' SD3Transformer2DModel (unfused, fp32, on the CPU)."""
+    state = read_trainer_state(path)
+    description = state["model"]
+    # The module as trained (fused names, parameter order), on the meta device: nothing is initialised twice.
+    trained = build_from_description(description, device="meta")
+    found = _checkpoint_shapes(path)
+    model_state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in trained.state_dict().items()}
+    if ema:
+        if not state.get("ema"):
+            raise CheckpointError(f"checkpoint {path} has no EMA weights (the run had train.ema_decay=0); "
+                                  "export without --ema")
+        names = [n for n, p in trained.named_parameters() if p.requires_grad]
+        shadow = {f"ema.{i}": torch.empty(model_state[n].shape, dtype=torch.float32) for i, n in enumerate(names)}
+        _compare({f"ema.{k}": tuple(v.shape) for k, v in shadow.items()}, found, path, "EMA state")
+        _load_dcp({"ema": shadow}, path)
+        # Buffers (the positional table) are not averaged; they come from the model state.
+        _load_dcp({"model": {k: v for k, v in model_state.items() if k not in names}}, path)
+        for i, name in enumerate(names):
+            model_state[name] = shadow[f"ema.{i}"]
+    else:
+        _compare({f"model.{k}": tuple(v.shape) for k, v in model_state.items()}, found, path, "model state")
+        _load_dcp({"model": model_state}, path)
+    model = build_from_description({**description, "fuse_qkv": False}, device="meta")
+    model.load_state_dict(unfuse_state_dict(model_state), strict=True, assign=True)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise CheckpointError(f"checkpoint {path}: {', '.join(left[:3])} not found in it")
+    return model.eval().requires_grad_(False), state
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        kind = "a file" if not out.is_dir() else "a folder that is not empty"
+        raise UserError(f"export.out {out} is {kind}; name a new folder (export never overwrites)")
+    parent = out.parent if out.parent != Path("") else Path(".")
+    if parent.exists() and not os.access(parent, os.W_OK):
+        raise UserError(f"export.out {out}: its parent folder is not writable")
+
+
+def _copy_base(base: Path, dest: Path, link: bool) -> list[str]:
+    missing = [p for p in PIPELINE_PARTS if p != "scheduler" and not (base / p).is_dir()]
+    if missing:
+        raise UserError(f"export.base {base} lacks {', '.join(missing)}: it must be a diffusers SD3 folder "
+                        "(vae/, text_encoder{,_2,_3}/, tokenizer{,_2,_3}/)")
+    copied = []
+    for part in PIPELINE_PARTS:
+        src = base / part
+        if not src.is_dir():
+            continue
+        if link:
+            os.symlink(src.resolve(), dest / part, target_is_directory=True)
+        else:
+            shutil.copytree(src, dest / part)
+        copied.append(part)
+    if "scheduler" not in copied:
+        (dest / "scheduler").mkdir()
+        (dest / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER_CONFIG, indent=2))
+    return copied
+
+
+def _model_index(base: Path | None) -> dict[str, Any]:
+    if base is not None and (base / "model_index.json").is_file():
+        return json.loads((base / "model_index.json").read_text())
+    return {"_class_name": "StableDiffusion3Pipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
+            "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+            "text_encoder_3": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+            "tokenizer_2": ["transformers", "CLIPTokenizer"], "tokenizer_3": ["transformers", "T5TokenizerFast"],
+            "transformer": ["diffusers", "SD3Transformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+
+
+def export(cfg: ExportConfig) -> Path:
+    if cfg.checkpoint is None or cfg.out is None:
+        raise UserError("export needs --checkpoint DIR (a run's checkpoint.dir or a step-* in it) and --out DIR")
+    out = Path(cfg.out)
+    _check_out(out)
+    if cfg.base is not None and not Path(cfg.base).is_dir():
+        raise UserError(f"export.base {cfg.base} is not a folder; pass a local diffusers SD3 folder")
+    path = resolve_checkpoint(cfg.checkpoint, cfg.step)
+    start = time.perf_counter()
+    print(f"[export] reading {path}{' (EMA weights)' if cfg.ema else ''}", flush=True)
+    model, state = load_trained_transformer(path, ema=cfg.ema)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"[export] {params:,} parameters of step {state['step']} read in {time.perf_counter() - start:.1f} s",
+          flush=True)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        model.to(DTYPES[cfg.dtype]).save_pretrained(staging / "transformer", safe_serialization=True,
+                                                     max_shard_size=cfg.max_shard_size)
+        parts = []
+        if cfg.base is not None:
+            parts = _copy_base(Path(cfg.base), staging, cfg.link)
+            (staging / "model_index.json").write_text(json.dumps(_model_index(Path(cfg.base)), indent=2))
+        provenance = {"checkpoint": str(path.resolve()), "step": state["step"], "ema": cfg.ema, "dtype": cfg.dtype,
+                      "preset": state["model"].get("preset"), "base": str(cfg.base) if cfg.base else None,
+                      "base_parts": parts, "time": time.time()}
+        (staging / "sd3cluster-export.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    kind = "pipeline folder" if cfg.base is not None else "transformer folder"
+    print(f"[export] wrote the {kind} {out} ({cfg.dtype}) in {time.perf_counter() - start:.1f} s", flush=True)
+    return out

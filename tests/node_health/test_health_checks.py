@@ -60,6 +60,11 @@ def test_xid_79_since_the_last_check_fails_and_xid_13_alone_does_not():
     assert [(bus, code) for _, bus, code in events] == [("0000:2a:00", 13), ("0000:db:00", 79)]
 
 
+def test_an_unreadable_kernel_log_skips_the_xid_check():
+    results = nh.gpu_checks(read("query_h200x8_good.csv"), "", 8, None, None, FATAL, None, None)
+    assert {r.check: r.status for r in results}["xid_errors"] == nh.SKIP
+
+
 def test_xids_are_counted_once_but_a_fatal_one_stays_until_reboot():
     events = nh.parse_xids(read("dmesg_xid79.txt"))
     pending, state = nh.new_xids(events, {}, "boot-1")

@@ -182,10 +182,13 @@ def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] |
                           "; ".join(remap) or ("none pending or failed" if reported
                                                else "not reported by this driver")))
 
-    fatal = [(t, bus, code) for t, bus, code in new_xids if code in xid_fatal]
-    results.append(Result("xid_errors", FAIL if fatal else PASS,
-                          "; ".join(f"XID {code} on {bus} at {t:.0f} s after boot" for t, bus, code in fatal)
-                          or f"no fatal XID since the last check ({len(new_xids)} other XID event(s))"))
+    fatal = [(t, bus, code) for t, bus, code in new_xids or [] if code in xid_fatal]
+    if new_xids is None:
+        results.append(Result("xid_errors", SKIP, "the kernel log cannot be read here (dmesg)"))
+    else:
+        results.append(Result("xid_errors", FAIL if fatal else PASS,
+                              "; ".join(f"XID {code} on {bus} at {t:.0f} s after boot" for t, bus, code in fatal)
+                              or f"no fatal XID since the last check ({len(new_xids)} other XID event(s))"))
 
     pcie = []
     for gpu in gpus:
@@ -360,6 +363,8 @@ def run_checks(cfg: dict) -> tuple[list[Result], dict]:
         state = {}
     boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip() if recorded is None else "recorded"
     pending, state = new_xids(parse_xids(dmesg or ""), state, boot_id)
+    if dmesg is None:  # unreadable (a container, kernel.dmesg_restrict): no XID verdict, and keep the old state
+        pending = None
     nvlink_text = _command([smi, "nvlink", "-s"], recorded, "nvidia-smi-nvlink.txt")[0] if query is not None else None
     dcgm = None
     if recorded is not None and (recorded / "dcgmi-diag.txt").is_file():

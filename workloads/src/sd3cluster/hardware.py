@@ -7,6 +7,7 @@ machine, so both sides apply the same rules to the same data.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,9 @@ def check_fraction(fraction: Any) -> float:
 
 
 def load_profiles(path: Path | str | None = None) -> dict[str, Any]:
-    path = Path(path) if path is not None else DATA_FILE
+    """The profiles file: `path`, else $SD3_HARDWARE_PROFILES (a site's own copy, e.g. with its measured numbers),
+    else the one shipped beside this module."""
+    path = Path(path or os.environ.get("SD3_HARDWARE_PROFILES") or DATA_FILE)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:

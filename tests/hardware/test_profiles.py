@@ -178,3 +178,29 @@ def test_the_filter_reads_the_same_file_and_turns_errors_into_filter_errors():
         filters["gpu_profile"]("Quadro P400")
     with pytest.raises(flt._FilterError, match="fraction"):
         filters["verify_thresholds"]("h200", 1, None, 0)
+
+
+HDR = {"link_layer": "InfiniBand", "state": "4: ACTIVE", "rate": "200 Gb/sec (4X HDR)"}
+NDR = {"link_layer": "InfiniBand", "state": "4: ACTIVE", "rate": "400 Gb/sec (4X NDR)"}
+DOWN = {"link_layer": "InfiniBand", "state": "1: DOWN", "rate": "10 Gb/sec (4X SDR)"}
+ROCE = {"link_layer": "Ethernet", "state": "4: ACTIVE", "rate": "100 Gb/sec (4X EDR)"}
+EFA = {"link_layer": "Unspecified", "state": "4: ACTIVE", "rate": "100 Gb/sec (4X EDR)"}
+
+
+def test_the_network_is_found_from_the_nodes_nics():
+    assert hw.network_from_nics([NDR] * 8 + [DOWN], 25000) == ("infiniband", 400.0, 8)
+    assert hw.network_from_nics([ROCE], "100000") == ("ethernet", 100.0, 1)  # RoCE: the interface's speed
+    assert hw.network_from_nics([], "25000") == ("ethernet", 25.0, 1)
+    assert flt.network_from_nics({"rdma_ports": [HDR] * 4, "ethernet_mbit": "10000"}) == {
+        "profile": "ib-hdr", "nics": 4, "link_layer": "infiniband", "speed_gbit": 200.0}
+    assert flt.network_from_nics({"rdma_ports": [], "ethernet_mbit": "-1"}, "none")["profile"] == ""
+    assert flt.network_from_nics({"rdma_ports": [EFA], "ethernet_mbit": None}, "efa")["profile"] == "efa"
+
+
+def test_nics_that_cannot_be_matched_need_an_explicit_profile():
+    with pytest.raises(hw.ProfileError, match="different or unknown speeds"):
+        hw.network_from_nics([HDR, NDR], None)
+    with pytest.raises(hw.ProfileError, match="EFA"):
+        hw.network_from_nics([EFA], None)
+    with pytest.raises(flt._FilterError, match="no network profile for ethernet at unknown Gbit/s"):
+        flt.FilterModule().filters()["network_from_nics"]({"rdma_ports": [], "ethernet_mbit": "-1"}, "auto")

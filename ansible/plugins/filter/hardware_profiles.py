@@ -47,6 +47,21 @@ def network_profile(link_layer, speed, override=None):
     return hardware.network_profile_name(hardware.load_profiles(), link_layer, gbit if gbit is not None else speed)
 
 
+def network_from_nics(probe, override="auto"):
+    """The output of verify's nic_probe.py -> {'profile', 'nics', 'link_layer', 'speed_gbit'}. override: 'auto'
+    finds the profile from the NICs; 'none' (or '') means no network profile; any other value names one (then the
+    NICs per node come from the inventory, nics is None)."""
+    if override in ("none", None, ""):
+        return {"profile": "", "nics": None, "link_layer": None, "speed_gbit": None}
+    profiles = hardware.load_profiles()
+    if override != "auto":
+        return {"profile": hardware.network_profile_name(profiles, None, None, override), "nics": None,
+                "link_layer": None, "speed_gbit": None}
+    layer, gbit, nics = hardware.network_from_nics(probe.get("rdma_ports"), probe.get("ethernet_mbit"))
+    name = hardware.network_profile_name(profiles, layer, gbit if gbit is not None else "unknown")
+    return {"profile": name, "nics": nics, "link_layer": layer, "speed_gbit": gbit}
+
+
 def verify_thresholds(gpu, gpus_per_node=1, network=None, fraction=hardware.DEFAULT_FRACTION, nics=1, link=None):
     """Per check: threshold (expected x fraction), expected, unit and source; None where no number exists."""
     return hardware.thresholds(hardware.load_profiles(), fraction, gpu=gpu or None, gpus_per_node=int(gpus_per_node),
@@ -56,4 +71,5 @@ def verify_thresholds(gpu, gpus_per_node=1, network=None, fraction=hardware.DEFA
 class FilterModule:
     def filters(self):
         return {name: _guarded(f) for name, f in (("gpu_profile", gpu_profile), ("network_profile", network_profile),
+                                                  ("network_from_nics", network_from_nics),
                                                   ("verify_thresholds", verify_thresholds))}

@@ -206,3 +206,25 @@ def nic_speed_gbit(raw: Any, link_layer: str = "ethernet") -> float | None:
     except ValueError:
         return None
     return mbit / 1000 if mbit > 0 else None  # -1: no link, or a virtual NIC that reports none
+
+
+def network_from_nics(rdma_ports: list[dict[str, Any]] | None, ethernet_mbit: Any) -> tuple[str, float | None, int]:
+    """(link layer, speed in Gbit/s, NICs) of the cluster network from what a node reports: its active RDMA ports
+    (/sys/class/infiniband/*/ports/*: link_layer, state, rate) and the cluster interface's Ethernet speed (Mbit/s).
+
+    Active InfiniBand ports carry NCCL when there are any (all at one speed: else the profile must be named);
+    RDMA ports of another link layer (EFA reports none) are left to an explicit profile; otherwise the Ethernet
+    interface's speed decides, one NIC."""
+    active = [p for p in rdma_ports or [] if "ACTIVE" in str(p.get("state", "")).upper()]
+    infiniband = [p for p in active if str(p.get("link_layer", "")).lower() == "infiniband"]
+    if infiniband:
+        speeds = {nic_speed_gbit(p.get("rate"), "infiniband") for p in infiniband}
+        if len(speeds) != 1 or None in speeds:
+            raise ProfileError(f"InfiniBand ports run at different or unknown speeds ({sorted(map(str, speeds))}); "
+                               "name the network profile explicitly")
+        return "infiniband", speeds.pop(), len(infiniband)
+    unknown = [p for p in active if str(p.get("link_layer", "")).lower() not in ("ethernet", "infiniband")]
+    if unknown:
+        raise ProfileError(f"RDMA ports with link layer {unknown[0].get('link_layer')!r} (EFA?) cannot be matched by "
+                           "speed; name the network profile explicitly (efa, and the NICs per node)")
+    return "ethernet", nic_speed_gbit(ethernet_mbit, "ethernet"), 1

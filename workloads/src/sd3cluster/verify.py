@@ -281,11 +281,17 @@ def copy_bandwidth_gb_s(device: torch.device, mb: int, iters: int = 20, rounds: 
 
 def _per_gpu(rt: Runtime, name: str, check: str, limit: Limit, measure: Any) -> Check:
     """Every rank measures its own GPU at once; the slowest decides, and the detail names it."""
-    value, why = None, "no GPU on this rank"
+    value, why, broke = None, "no GPU on this rank", False
     if rt.device.type == "cuda":
-        value, why = measure()
-    everyone = all_gather_object(rt, (hostname(), rt.local_rank, value, why))
-    got = [(v, h, lr) for h, lr, v, _ in everyone if v is not None]
+        try:
+            value, why = measure()
+        except Exception as e:  # every rank must reach the gather below, or the others wait forever
+            value, why, broke = None, f"{type(e).__name__}: {e}", True
+    everyone = all_gather_object(rt, (hostname(), rt.local_rank, value, why, broke))
+    broken = [f"{h}:{lr} {w}" for h, lr, _, w, b in everyone if b]
+    if broken:
+        return Check(name, FAIL, None, limit.threshold, hardware.UNITS[check], "; ".join(broken)[:2000])
+    got = [(v, h, lr) for h, lr, v, _, _ in everyone if v is not None]
     if not got:
         return Check(name, SKIP, None, limit.threshold, hardware.UNITS[check], everyone[0][3])
     slowest = min(got)

@@ -41,6 +41,11 @@ def test_an_unknown_gpu_must_be_named():
     assert resolve_limits(off, "NVIDIA B200", gpus_on_node=8, nodes=1)[hardware.GEMM].threshold is None
 
 
+def test_network_profile_none_means_no_inter_node_threshold():
+    limits = resolve_limits(load_config(overrides=["verify.network_profile=none"]), "NVIDIA H200", 8, 2)
+    assert limits[hardware.INTER].threshold is None
+
+
 def test_a_misspelt_profile_is_an_error_even_without_a_gpu():
     with pytest.raises(ConfigError, match="GPU profile 'h20' does not exist"):
         resolve_limits(load_config(overrides=["verify.gpu_profile=h20"]), None, 1, 1)

@@ -154,7 +154,8 @@ def resolve_limits(cfg: Config, device_name: str | None, gpus_on_node: int, node
         gpu = None
         if v.gpu_profile != "none" and (device_name is not None or v.gpu_profile != "auto"):
             gpu = hardware.gpu_profile_name(profiles, device_name, v.gpu_profile)
-        network = hardware.network_profile_name(profiles, None, None, v.network_profile) if v.network_profile else None
+        named = v.network_profile not in (None, "", "none")
+        network = hardware.network_profile_name(profiles, None, None, v.network_profile) if named else None
         table = hardware.thresholds(profiles, v.threshold_fraction, gpu=gpu, gpus_per_node=gpus_on_node,
                                     network=network, nics=v.nics_per_node, link=v.intra_node_link)
     except hardware.ProfileError as e:

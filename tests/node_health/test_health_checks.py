@@ -132,6 +132,11 @@ def test_dcgm_level_1_failure_is_reported():
     assert failing(results) == {"dcgm_diag": "| Memory  | Fail - GPU 3: memory test failed |"}
 
 
+def test_dcgm_does_not_run_under_a_job():
+    results = checks(dcgm="2 process(es) use the GPUs; the DCGM diagnostic runs on idle GPUs only")
+    assert results["dcgm_diag"].status == nh.SKIP and "idle GPUs only" in results["dcgm_diag"].detail
+
+
 def test_shared_volume_and_free_disk(tmp_path):
     assert nh.shared_volume_check(str(tmp_path)).detail == f"{tmp_path} is not mounted"
     assert nh.free_disk_check("/", 1e9).status == nh.FAIL

@@ -139,8 +139,9 @@ def _field_check(name: str, gpus: list[dict], field: str, bad, describe) -> Resu
     return Result(name, FAIL if failing else PASS, "; ".join(failing) or f"{len(known)} GPU(s) fine")
 
 
-def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] | None, new_xids: list,
-               xid_fatal: list[int], nvlink: dict | None, dcgm: tuple[int, str] | None) -> list[Result]:
+def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] | None, new_xids: list | None,
+               xid_fatal: list[int], nvlink: dict | None, dcgm: tuple[int, str] | str | None) -> list[Result]:
+    """dcgm: (exit code, output) of `dcgmi diag`, or why it did not run (a string), or None: no dcgmi."""
     gpu_names = CHECKS[:10]
     if query is None:
         if expected == 0:
@@ -227,8 +228,8 @@ def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] |
 
     results.append(_field_check("persistence_mode", gpus, "persistence_mode", lambda v: v.lower() != "enabled",
                                 lambda v: f"persistence mode {v} (the driver unloads between jobs; enable it)"))
-    if dcgm is None:
-        results.append(Result("dcgm_diag", SKIP, "dcgmi is not installed"))
+    if dcgm is None or isinstance(dcgm, str):
+        results.append(Result("dcgm_diag", SKIP, dcgm or "dcgmi is not installed"))
     else:
         rc, out = dcgm
         failed = [line.strip() for line in out.splitlines() if "fail" in line.lower()]
@@ -371,9 +372,15 @@ def run_checks(cfg: dict) -> tuple[list[Result], dict]:
         dcgm = (0 if "fail" not in (recorded / "dcgmi-diag.txt").read_text().lower() else 1,
                 (recorded / "dcgmi-diag.txt").read_text())
     elif recorded is None and query is not None and shutil.which("dcgmi") and int(cfg.get("dcgm_level", 1)) > 0:
-        done = subprocess.run(["dcgmi", "diag", "-r", str(cfg.get("dcgm_level", 1))], capture_output=True, text=True,
-                              check=False, timeout=600)
-        dcgm = (done.returncode, done.stdout + done.stderr)
+        # The diagnostic loads the GPUs: never under a running job (it would slow it, and fail on busy memory).
+        apps, _ = _command([smi, "--query-compute-apps=pid", "--format=csv,noheader"], None, "")
+        busy = [line for line in (apps or "").splitlines() if line.strip()]
+        if busy:
+            dcgm = f"{len(busy)} process(es) use the GPUs; the DCGM diagnostic runs on idle GPUs only"
+        else:
+            done = subprocess.run(["dcgmi", "diag", "-r", str(cfg.get("dcgm_level", 1))], capture_output=True,
+                                  text=True, check=False, timeout=600)
+            dcgm = (done.returncode, done.stdout + done.stderr)
     results = gpu_checks(query, error, int(cfg.get("expected_gpus", 0)), lspci, pending,
                          [int(x) for x in cfg.get("xid_fatal", [])], parse_nvlink(nvlink_text or ""), dcgm)
     results.append(shared_volume_check(cfg.get("shared_path", "")))

@@ -169,13 +169,16 @@ def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] |
     results.append(_field_check("ecc_uncorrected", gpus, "ecc.errors.uncorrected.volatile.total",
                                 lambda v: float(v) > 0,
                                 lambda v: f"{v} uncorrectable ECC error(s) since the driver loaded"))
+    def flagged(gpu: dict, field: str) -> bool:
+        return (gpu.get(field) or "").lower() in ("yes", "1", "true")
+
     remap = []
     for gpu in gpus:
-        if (gpu.get("retired_pages.pending") or "").lower() == "yes":
+        if flagged(gpu, "retired_pages.pending"):
             remap.append(f"{_gpu_label(gpu)}: retired pages pending (reset the GPU)")
-        if (gpu.get("remapped_rows.failure") or "").lower() == "yes":
+        if flagged(gpu, "remapped_rows.failure"):
             remap.append(f"{_gpu_label(gpu)}: row remapping failed (replace the GPU)")
-        if (gpu.get("remapped_rows.pending") or "").lower() == "yes":
+        if flagged(gpu, "remapped_rows.pending"):
             remap.append(f"{_gpu_label(gpu)}: row remap pending (reset the GPU)")
     reported = any(gpu.get(f) is not None for gpu in gpus for f in ("retired_pages.pending", "remapped_rows.failure",
                                                                     "remapped_rows.pending"))

@@ -110,7 +110,7 @@ def test_verify_yml_is_green_and_writes_its_report():
     # sd3cluster verify ran across them and each of its checks is a row of the report.
     workloads = {c["check"]: c for c in report["checks"] if c["layer"] == "workloads"}
     assert workloads["sd3cluster verify report"]["value"] == gpu_nodes, workloads
-    assert {"allreduce_busbw", "parameters_identical_on_ranks", "resume_exact"} <= set(workloads), workloads
+    assert {"allreduce_inter_node", "parameters_identical_on_ranks", "resume_exact"} <= set(workloads), workloads
 
 
 def test_apt_on_nodes_goes_through_the_shared_cache():

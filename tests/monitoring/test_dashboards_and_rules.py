@@ -3,10 +3,12 @@ rule names is one that our collectors or node_exporter (recorded from the molecu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -54,6 +56,14 @@ def emitted(gpu, training, slurm, gluster, textfile, tmp_path_factory):
     # The backup role writes its own textfile metrics (its script needs restic to run; the names are its code's).
     backup_script = (REPO / "roles" / "backup" / "files" / "sd3_backup.py").read_text()
     names |= set(re.findall(r'metrics\.add\("(sd3_backup\w+)"', backup_script))
+    # The node_health role's check writes its metrics with the same textfile writer.
+    spec = importlib.util.spec_from_file_location("sd3_node_health", REPO / "roles" / "node_health" / "files" /
+                                                  "sd3_node_health.py")
+    health = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = health
+    spec.loader.exec_module(health)
+    results = [health.Result("free_disk", health.FAIL, ""), health.Result("nvlink", health.SKIP, "")]
+    names |= set(parse(health.metrics(results, {"health_check": 1, "admin": 0}, 0.0)))
     names |= {line.split()[0] for line in (FIXTURES / "node_exporter_metric_names.txt").read_text().splitlines()
               if line and not line.startswith("#")}
     return names | {"up"}
@@ -96,7 +106,7 @@ def test_alert_rules_name_only_emitted_metrics(emitted):
     rules = [r for g in _rules()["groups"] for r in g["rules"]]
     wanted = {"NodeDown", "GpuXidError", "GpuUncorrectableEccErrors", "GpuHot", "GlusterBrickDown",
               "GlusterHealBacklog", "TrainingStalled", "DiskNearlyFull", "BackupFailed", "BackupRestoreCheckFailed",
-              "BackupTooOld"}
+              "BackupTooOld", "NodeDrainedByHealthCheck", "NodeHealthCheckFailing"}
     assert wanted <= {r["alert"] for r in rules}
     for rule in rules:
         unknown = metric_names(rule["expr"]) - emitted

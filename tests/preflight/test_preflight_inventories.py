@@ -136,6 +136,9 @@ BAD = {
     "gpu_node_without_gpus": (
         variant(**{"vars.preflight_require_gpus": True}),
         ["n2 is not fit", "0 NVIDIA GPU(s) on the PCI bus", "preflight_min_gpus_per_node"]),
+    "gpu_node_with_fewer_gpus_than_promised": (
+        variant(**{"vars.cluster_gpus_per_node": 8}),
+        ["n2 is not fit", "0 NVIDIA GPU(s) on the PCI bus, the inventory promises 8 (cluster_gpus_per_node)"]),
     "latency_above_threshold": (
         variant(**{"vars.preflight_max_rtt_ms": 0.000001}),
         ["n1 -> n2 (127.0.0.2): round trip", "preflight_max_rtt_ms"]),

@@ -98,8 +98,25 @@ class VerifyConfig(_Section):
     overfit_lr: float = Field(5e-3, gt=0, description="learning rate of the overfit check (lower it for big presets)")
     overfit_ratio: float = Field(0.5, gt=0, description="pass when last loss / first loss is below this")
     allreduce_sizes_mb: list[float] = [0.25, 4.0, 32.0]
-    min_busbw_gbps: float = Field(0.05, ge=0)
-    min_images_per_s: float = Field(0.0, ge=0)
+    # Thresholds come from the hardware profiles (sd3cluster/hardware_profiles.yaml): expected x fraction.
+    gpu_profile: str = Field("auto", description="GPU profile, or auto (from the device name) or none (no GPU "
+                             "thresholds); an unknown GPU must be named here")
+    network_profile: str | None = Field(None, description="network profile of the NICs between nodes (eth-100g, "
+                                        "ib-ndr, efa, ...); none: the inter-node all-reduce has no threshold")
+    nics_per_node: int = Field(1, ge=1, description="NICs per node that carry NCCL traffic (the network profile is "
+                               "per NIC)")
+    intra_node_link: str | None = Field(None, description="link between a node's GPUs (nvlink4, pcie5, ...); "
+                                        "none: the GPU profile's")
+    threshold_fraction: float = Field(0.8, gt=0, le=1, description="threshold = expected x this")
+    # Explicit thresholds replace the profile's; 0 is refused (it would pass anything).
+    min_gemm_tflops: float | None = Field(None, gt=0)
+    min_memory_gb_s: float | None = Field(None, gt=0)
+    min_busbw_gbps: float | None = Field(None, gt=0, description="all-reduce bus bandwidth, GB/s, intra and inter node")
+    min_gpu_images_per_s: float | None = Field(None, gt=0, description="the per-GPU training check (verify preset)")
+    min_images_per_s: float | None = Field(None, gt=0, description="throughput of the correctness run (this config)")
+    gemm_size: int = Field(8192, ge=256, description="side of the square bf16 matrices of the GEMM check")
+    memory_mb: int = Field(2048, ge=16, description="size of the buffer the memory-bandwidth check copies")
+    gpu_training: bool = Field(True, description="run the per-GPU training check (verify preset) on GPUs")
     tolerance: float = Field(1e-4, gt=0, description="max abs parameter difference for DDP == one process")
     report: Path = Path("verify-report.json")
 

@@ -14,22 +14,41 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import __version__
+from . import __version__, hardware
 from .checkpoint import CheckpointManager
-from .config import Config
+from .config import Config, ConfigError
 from .dist import Runtime, all_gather_object, all_reduce, barrier, broadcast_object, hostname, local_runtime
 from .train import Trainer
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
 
 
 @dataclass
 class Check:
+    """One result. status: pass, fail, or skip (could not apply here, or nothing to compare with: never a pass)."""
+
     name: str
-    passed: bool
+    status: str
     value: Any
     threshold: Any
     unit: str
     detail: str = ""
     seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASS
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed, "skipped": self.status == SKIP}
+
+
+def _status(ok: bool) -> str:
+    return PASS if ok else FAIL
 
 
 @dataclass
@@ -40,24 +59,26 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+        """No check failed; skipped ones say what was not checked, so the table shows them."""
+        return not any(c.failed for c in self.checks)
 
     def to_json(self) -> str:
         return json.dumps({"passed": self.passed, "world_size": self.world_size, "device": self.device,
-                           "checks": [asdict(c) for c in self.checks]}, indent=2, default=str)
+                           "checks": [c.as_dict() for c in self.checks]}, indent=2, default=str)
 
     def table(self) -> str:
         rows = [("check", "result", "value", "threshold", "unit", "s", "detail")]
         for c in self.checks:
             value = f"{c.value:.4g}" if isinstance(c.value, float) else str(c.value)
             threshold = f"{c.threshold:.4g}" if isinstance(c.threshold, float) else str(c.threshold)
-            rows.append((c.name, "PASS" if c.passed else "FAIL", value, threshold, c.unit, f"{c.seconds:.1f}",
-                         c.detail))
+            rows.append((c.name, c.status.upper() if c.status != SKIP else SKIP, value, threshold, c.unit,
+                         f"{c.seconds:.1f}", c.detail))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1]
                  for r in rows]
-        lines.append(f"verdict: {'PASS' if self.passed else 'FAIL'} ({sum(c.passed for c in self.checks)}/"
-                     f"{len(self.checks)} checks, {self.world_size} ranks)")
+        counts = {s: sum(c.status == s for c in self.checks) for s in (PASS, FAIL, SKIP)}
+        lines.append(f"verdict: {'PASS' if self.passed else 'FAIL'} ({counts[PASS]} passed, {counts[FAIL]} failed, "
+                     f"{counts[SKIP]} skipped; {self.world_size} ranks)")
         return "\n".join(lines)
 
 
@@ -113,35 +134,217 @@ def check_versions(rt: Runtime) -> Check:
     detail = (f"{len(hosts)} host(s); torch {info['torch']}, diffusers {info['diffusers']}, "
               f"{info['device_name']}") if not differing else "differ: " + ", ".join(
                   f"{k}={sorted({str(e[k]) for e in everyone})}" for k in differing)
-    return Check("versions_and_devices", not differing, len(everyone), rt.world, "ranks", detail)
+    return Check("versions_and_devices", _status(not differing), len(everyone), rt.world, "ranks", detail)
 
 
-def check_allreduce(cfg: Config, rt: Runtime) -> Check:
-    if not rt.distributed or rt.world == 1:
-        return Check("allreduce_busbw", True, None, cfg.verify.min_busbw_gbps, "GB/s", "one rank: nothing to measure")
+@dataclass(frozen=True)
+class Limit:
+    """A check's threshold and where it comes from; threshold None: nothing to compare with (the check skips)."""
+
+    threshold: float | None
+    source: str
+
+
+def resolve_limits(cfg: Config, device_name: str | None, gpus_on_node: int, nodes: int) -> dict[str, Limit]:
+    """Thresholds of the measured checks: an explicit verify.min_* value, else the hardware profile's expected
+    number x verify.threshold_fraction. A GPU no profile knows is an error unless verify.gpu_profile names one."""
+    v = cfg.verify
+    try:
+        profiles = hardware.load_profiles()
+        gpu = None
+        if v.gpu_profile != "none" and (device_name is not None or v.gpu_profile != "auto"):
+            gpu = hardware.gpu_profile_name(profiles, device_name, v.gpu_profile)
+        named = v.network_profile not in (None, "", "none")
+        network = hardware.network_profile_name(profiles, None, None, v.network_profile) if named else None
+        table = hardware.thresholds(profiles, v.threshold_fraction, gpu=gpu, gpus_per_node=gpus_on_node,
+                                    network=network, nics=v.nics_per_node, link=v.intra_node_link)
+    except hardware.ProfileError as e:
+        raise ConfigError(str(e)) from None
+    explicit = {hardware.GEMM: ("verify.min_gemm_tflops", v.min_gemm_tflops),
+                hardware.MEMORY: ("verify.min_memory_gb_s", v.min_memory_gb_s),
+                hardware.INTRA: ("verify.min_busbw_gbps", v.min_busbw_gbps),
+                hardware.INTER: ("verify.min_busbw_gbps", v.min_busbw_gbps),
+                hardware.TRAIN: ("verify.min_gpu_images_per_s", v.min_gpu_images_per_s)}
+    limits = {}
+    for check, (key, value) in explicit.items():
+        row = table[check]
+        if value is not None:
+            limits[check] = Limit(value, f"{key}, set explicitly")
+        elif row is not None:
+            limits[check] = Limit(row["threshold"], f"profile {gpu if check != hardware.INTER else network}: "
+                                  f"{row['expected']:g} expected ({row['source']}) x {row['fraction']:g}")
+        else:
+            limits[check] = Limit(None, "no profile number" + ("" if gpu or check == hardware.INTER else
+                                                               " (no GPU profile here)"))
+    if nodes < 2:
+        limits[hardware.INTER] = Limit(None, "one node")
+    return limits
+
+
+def _judge(name: str, check: str, value: float | None, limit: Limit, detail: str) -> Check:
+    status = hardware.verdict(value, limit.threshold)
+    why = hardware.explain(check, value, limit.threshold, limit.source)
+    return Check(name, status, value, limit.threshold, hardware.UNITS[check], f"{why}; {detail}" if detail else why)
+
+
+def _allreduce_busbw(rt: Runtime, sizes_mb: list[float], group: Any, size: int) -> dict[float, float]:
     results = {}
-    for size_mb in cfg.verify.allreduce_sizes_mb:
+    for size_mb in sizes_mb:
         n = max(1, int(size_mb * 2**20 / 4))
         t = torch.ones(n, device=rt.device)
         for _ in range(2):
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=group)
         iters = 5
         if rt.device.type == "cuda":
             torch.cuda.synchronize()
-        barrier(rt)
+        dist.barrier(group=group)
         start = time.perf_counter()
         for _ in range(iters):
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=group)
         if rt.device.type == "cuda":
             torch.cuda.synchronize()
-        elapsed = torch.tensor(time.perf_counter() - start)
-        all_reduce(rt, elapsed, dist.ReduceOp.MAX)
+        elapsed = torch.tensor(time.perf_counter() - start, device=rt.device)
+        dist.all_reduce(elapsed, dist.ReduceOp.MAX, group=group)
         seconds = float(elapsed) / iters
-        results[size_mb] = n * 4 / seconds * 2 * (rt.world - 1) / rt.world / 1e9
-    best = max(results.values())
-    detail = "; ".join(f"{size:g} MiB: {bw:.3f}" for size, bw in results.items())
-    return Check("allreduce_busbw", best >= cfg.verify.min_busbw_gbps, best, cfg.verify.min_busbw_gbps, "GB/s",
-                 detail)
+        # nccl-tests' bus bandwidth: what each link carries, comparable across rank counts.
+        results[size_mb] = n * 4 / seconds * 2 * (size - 1) / size / 1e9
+    return results
+
+
+def check_allreduce(cfg: Config, rt: Runtime, layout: dict[str, list[int]], limits: dict[str, Limit]) -> list[Check]:
+    """Intra-node: the ranks of each node among themselves (every node measured, the slowest reported);
+    inter-node: all ranks together, which crosses the network when there are several nodes."""
+    if not rt.distributed or rt.world == 1:
+        return [Check("allreduce_intra_node", SKIP, None, None, "GB/s", "one rank: no all-reduce to measure"),
+                Check("allreduce_inter_node", SKIP, None, None, "GB/s", "one rank: no all-reduce to measure")]
+    sizes = cfg.verify.allreduce_sizes_mb
+    checks = []
+    # new_group is collective: every rank creates every node's group, in the same order.
+    groups = {host: dist.new_group(ranks) for host, ranks in sorted(layout.items())}
+    mine = next(host for host, ranks in layout.items() if rt.rank in ranks)
+    per_node = len(layout[mine])
+    bw = max(_allreduce_busbw(rt, sizes, groups[mine], per_node).values()) if per_node > 1 else None
+    everyone = all_gather_object(rt, (mine, len(layout[mine]), bw))
+    measured = {host: value for host, _, value in everyone if value is not None}
+    if not measured:
+        checks.append(Check("allreduce_intra_node", SKIP, None, limits[hardware.INTRA].threshold, "GB/s",
+                            "one rank per node: no intra-node all-reduce to measure"))
+    else:
+        slowest = min(measured, key=measured.get)
+        detail = "slowest node " + slowest + "; " + ", ".join(f"{h}: {b:.3g}" for h, b in sorted(measured.items()))
+        checks.append(_judge("allreduce_intra_node", hardware.INTRA, measured[slowest], limits[hardware.INTRA],
+                             detail))
+    if len(layout) < 2:
+        checks.append(Check("allreduce_inter_node", SKIP, None, None, "GB/s", "all ranks on one node"))
+    else:
+        results = _allreduce_busbw(rt, sizes, None, rt.world)
+        sizes_text = "; ".join(f"{size:g} MiB: {bw:.3g}" for size, bw in results.items())
+        detail = f"{len(layout)} nodes, {rt.world} ranks; {sizes_text}"
+        checks.append(_judge("allreduce_inter_node", hardware.INTER, max(results.values()), limits[hardware.INTER],
+                             detail))
+    return checks
+
+
+def gemm_tflops(device: torch.device, n: int, iters: int = 20, rounds: int = 3) -> float:
+    """bf16 n x n x n matrix multiplies (cuBLAS): the best of a few rounds, so one hiccup is not a failure."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    best = 0.0
+    for _ in range(rounds):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            torch.matmul(a, b, out=out)
+        torch.cuda.synchronize(device)
+        best = max(best, 2 * n**3 * iters / (time.perf_counter() - start) / 1e12)
+    return best
+
+
+def copy_bandwidth_gb_s(device: torch.device, mb: int, iters: int = 20, rounds: int = 3) -> float:
+    """Device-to-device copy of an mb MiB buffer (STREAM copy): bytes read plus bytes written per second."""
+    src = torch.ones(mb * 2**20 // 4, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    best = 0.0
+    for _ in range(rounds):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            dst.copy_(src)
+        torch.cuda.synchronize(device)
+        best = max(best, 2 * src.numel() * 4 * iters / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def _per_gpu(rt: Runtime, name: str, check: str, limit: Limit, measure: Any) -> Check:
+    """Every rank measures its own GPU at once; the slowest decides, and the detail names it."""
+    value, why, broke = None, "no GPU on this rank", False
+    if rt.device.type == "cuda":
+        try:
+            value, why = measure()
+        except Exception as e:  # every rank must reach the gather below, or the others wait forever
+            value, why, broke = None, f"{type(e).__name__}: {e}", True
+    everyone = all_gather_object(rt, (hostname(), rt.local_rank, value, why, broke))
+    broken = [f"{h}:{lr} {w}" for h, lr, _, w, b in everyone if b]
+    if broken:
+        return Check(name, FAIL, None, limit.threshold, hardware.UNITS[check], "; ".join(broken)[:2000])
+    got = [(v, h, lr) for h, lr, v, _, _ in everyone if v is not None]
+    if not got:
+        return Check(name, SKIP, None, limit.threshold, hardware.UNITS[check], everyone[0][3])
+    slowest = min(got)
+    detail = f"slowest GPU {slowest[1]}:{slowest[2]} of {len(got)}; " + ", ".join(
+        f"{h}:{lr} {v:.4g}" for v, h, lr in sorted(got, key=lambda g: (g[1], g[2])))
+    return _judge(name, check, slowest[0], limit, detail)
+
+
+def _gpu_training_config(cfg: Config, preset: dict[str, Any], workdir: Path) -> Config:
+    c = _verify_config(cfg, workdir, preset["warmup_steps"] + preset["timed_steps"],
+                       samples=preset["batch_size"] * 2, batch=preset["batch_size"])
+    c.model.preset = preset["model"]
+    c.model.pretrained = None
+    c.model.compile = bool(preset["compile"])
+    c.data.resolution = preset["resolution"]
+    c.data.text_tokens = preset["text_tokens"]
+    c.train.precision = preset["precision"]
+    c.train.parallel = "ddp"
+    c.train.ordered_reduce = False
+    return c
+
+
+def gpu_training_images_per_s(cfg: Config, rt: Runtime, workdir: Path) -> tuple[float | None, str]:
+    """The fixed verify preset on this GPU alone (no communication): images/s after its warm-up steps."""
+    preset = hardware.load_profiles()["verify_preset"]
+    memory_gb = torch.cuda.get_device_properties(rt.device).total_memory / 1e9
+    if memory_gb < preset["min_memory_gb"] * 0.95:  # vendors' "80 GB" is 79.x GiB-ish in bytes
+        return None, (f"the verify preset ({preset['model']}, {preset['resolution']}^2, batch {preset['batch_size']}) "
+                      f"needs about {preset['min_memory_gb']} GB; this GPU has {memory_gb:.0f}")
+    c = _gpu_training_config(cfg, preset, workdir)
+    torch.cuda.empty_cache()
+    trainer = Trainer(c, local_runtime(rt.device))
+    try:
+        for _ in range(preset["warmup_steps"]):
+            trainer.train_step()
+        torch.cuda.synchronize(rt.device)
+        start = time.perf_counter()
+        for _ in range(preset["timed_steps"]):
+            trainer.train_step()
+        torch.cuda.synchronize(rt.device)
+        seconds = time.perf_counter() - start
+    finally:
+        trainer.close()
+    return preset["timed_steps"] * preset["batch_size"] / seconds, ""
+
+
+def node_layout(rt: Runtime) -> dict[str, list[int]]:
+    """host -> its ranks."""
+    layout: dict[str, list[int]] = {}
+    for rank, host in enumerate(all_gather_object(rt, hostname())):
+        layout.setdefault(host, []).append(rank)
+    return layout
 
 
 def _max_rank_difference(rt: Runtime, flat: torch.Tensor) -> float:
@@ -159,20 +362,31 @@ def verify(cfg: Config, rt: Runtime) -> Report:
     if cfg.checkpoint.dir is not None:  # a shared volume lets the resume check span nodes
         workdir = cfg.checkpoint.dir / "verify-work"
     n = cfg.verify.steps
+    layout = node_layout(rt)
+    device_name = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else None
+    # Resolved before any check runs: an unknown GPU or a misspelt profile stops here with its fix.
+    limits = resolve_limits(cfg, device_name, len(next(r for r in layout.values() if rt.rank in r)), len(layout))
 
     def timed(fn, *args) -> None:
         start = time.perf_counter()
         try:
-            check = fn(*args)
+            checks = fn(*args)
         except Exception as e:  # a check that breaks is a failed check, not a crash of the report
-            check = Check(getattr(fn, "__name__", "check"), False, None, None, "", f"{type(e).__name__}: {e}")
-        check.seconds = time.perf_counter() - start
-        report.checks.append(check)
-        if rt.is_main:
-            print(f"[verify] {check.name}: {'PASS' if check.passed else 'FAIL'} ({check.seconds:.1f} s)", flush=True)
+            checks = Check(getattr(fn, "__name__", "check"), FAIL, None, None, "", f"{type(e).__name__}: {e}")
+        for check in checks if isinstance(checks, list) else [checks]:
+            check.seconds = time.perf_counter() - start
+            report.checks.append(check)
+            if rt.is_main:
+                print(f"[verify] {check.name}: {check.status.upper()} ({check.seconds:.1f} s) {check.detail}",
+                      flush=True)
 
     timed(check_versions, rt)
-    timed(check_allreduce, cfg, rt)
+    size, mb = cfg.verify.gemm_size, cfg.verify.memory_mb
+    timed(_per_gpu, rt, "gpu_gemm_bf16", hardware.GEMM, limits[hardware.GEMM],
+          lambda: (gemm_tflops(rt.device, size), ""))
+    timed(_per_gpu, rt, "gpu_memory_bandwidth", hardware.MEMORY, limits[hardware.MEMORY],
+          lambda: (copy_bandwidth_gb_s(rt.device, mb), ""))
+    timed(check_allreduce, cfg, rt, layout, limits)
 
     state: dict[str, Any] = {}
 
@@ -181,12 +395,12 @@ def verify(cfg: Config, rt: Runtime) -> Report:
         state["distributed"] = trainer.flat_parameters()
         state["images_per_s"] = ips
         diff = _max_rank_difference(rt, state["distributed"])
-        return Check("parameters_identical_on_ranks", diff <= exact_tol, diff, exact_tol, "max abs diff",
+        return Check("parameters_identical_on_ranks", _status(diff <= exact_tol), diff, exact_tol, "max abs diff",
                      f"after {n} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
     def ddp_equals_single() -> Check:
         if "distributed" not in state:
-            return Check("ddp_equals_one_process", False, None, cfg.verify.tolerance, "max abs diff",
+            return Check("ddp_equals_one_process", FAIL, None, cfg.verify.tolerance, "max abs diff",
                          "not run: the distributed run before it failed")
         diff = torch.zeros(())
         if rt.is_main:
@@ -196,7 +410,7 @@ def verify(cfg: Config, rt: Runtime) -> Report:
             diff = (trainer.flat_parameters() - state["distributed"]).abs().max()
         diff = torch.tensor(float(broadcast_object(rt, float(diff))))
         tol = cfg.verify.tolerance
-        return Check("ddp_equals_one_process", float(diff) <= tol, float(diff), tol, "max abs diff",
+        return Check("ddp_equals_one_process", _status(float(diff) <= tol), float(diff), tol, "max abs diff",
                      f"{rt.world} ranks x batch {cfg.data.batch_size} vs 1 process x batch "
                      f"{cfg.data.batch_size * rt.world}, {n} steps")
 
@@ -219,7 +433,7 @@ def verify(cfg: Config, rt: Runtime) -> Report:
         barrier(rt)
         if rt.is_main:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
-        return Check("resume_exact", diff <= exact_tol, diff, exact_tol, "max abs diff",
+        return Check("resume_exact", _status(diff <= exact_tol), diff, exact_tol, "max abs diff",
                      f"{2 * k} steps straight vs {k} + checkpoint + resume + {k}")
 
     def loss_falls() -> Check:
@@ -230,17 +444,32 @@ def verify(cfg: Config, rt: Runtime) -> Report:
         _, losses, _ = _run(c, rt, steps, fixed_batch=True)
         ratio = losses[-1] / losses[0]
         limit = cfg.verify.overfit_ratio
-        return Check("loss_falls_on_one_batch", ratio < limit, ratio, limit, "last/first loss",
+        return Check("loss_falls_on_one_batch", _status(ratio < limit), ratio, limit, "last/first loss",
                      f"{steps} steps on one batch of {cfg.data.batch_size} on every rank: "
                      f"{losses[0]:.4f} -> {losses[-1]:.4f}")
 
     def throughput() -> Check:
-        ips = state.get("images_per_s", 0.0)
-        return Check("throughput", ips > 0 and ips >= cfg.verify.min_images_per_s, ips, cfg.verify.min_images_per_s,
-                     "images/s", f"{cfg.model.preset}, {cfg.data.resolution}^2, global batch "
-                     f"{cfg.data.batch_size * rt.world * cfg.train.grad_accum}")
+        ips = state.get("images_per_s")
+        threshold = cfg.verify.min_images_per_s
+        setup = (f"{cfg.model.preset}, {cfg.data.resolution}^2, global batch "
+                 f"{cfg.data.batch_size * rt.world * cfg.train.grad_accum}")
+        if ips is None or ips <= 0:
+            return Check("throughput", FAIL, ips, threshold, "images/s",
+                         f"not measured: the training run failed; {setup}")
+        if threshold is None:  # this config's speed has no expected number; the per-GPU check has one
+            return Check("throughput", SKIP, ips, None, "images/s", f"no threshold (verify.min_images_per_s); {setup}")
+        return Check("throughput", _status(ips >= threshold), ips, threshold, "images/s",
+                     f"{ips:.4g} images/s, {'at least' if ips >= threshold else 'below the threshold'} {threshold:.4g} "
+                     f"(verify.min_images_per_s); {setup}")
 
-    for fn in (params_identical, ddp_equals_single, resume_exact, loss_falls, throughput):
+    def gpu_training() -> Check:
+        if not cfg.verify.gpu_training:
+            return Check("gpu_training_images_per_s", SKIP, None, None, hardware.UNITS[hardware.TRAIN],
+                         "verify.gpu_training is false")
+        return _per_gpu(rt, "gpu_training_images_per_s", hardware.TRAIN, limits[hardware.TRAIN],
+                        lambda: gpu_training_images_per_s(cfg, rt, workdir))
+
+    for fn in (params_identical, ddp_equals_single, resume_exact, loss_falls, throughput, gpu_training):
         timed(fn)
     barrier(rt)
     if rt.is_main and cfg.checkpoint.dir is None:

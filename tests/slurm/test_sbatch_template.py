@@ -1,0 +1,78 @@
+"""The training job's sbatch template asks for every GPU of its nodes (from gres) and starts one process per GPU."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "roles" / "slurm" / "templates" / "train-sd3.sbatch.j2"
+DEFAULTS = yaml.safe_load((ROOT / "roles" / "slurm" / "defaults" / "main.yml").read_text())
+
+
+def render(nodes: dict[str, tuple[int, str]], **overrides) -> str:
+    """nodes: name -> (GPUs the slurm role counted, its gres mode), as the role's probe leaves them."""
+    # Ansible renders templates with trim_blocks on; StrictUndefined stops on a variable the template lacks.
+    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    variables = {key: value for key, value in DEFAULTS.items() if "{{" not in str(value)}
+    variables.update(ansible_managed="managed", slurm_cluster_name="c", slurm_job_shared_path="/shared",
+                     slurm_compute_group="gpu_nodes", groups={"gpu_nodes": list(nodes)},
+                     hostvars={n: {"__slurm_gpus": g, "__slurm_gres": f" {mode} "} for n, (g, mode) in nodes.items()})
+    variables.update(overrides)
+    return env.from_string(TEMPLATE.read_text()).render(**variables)
+
+
+def procs_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("procs_per_node="))
+
+
+def test_eight_gpu_nodes_ask_for_all_eight_and_start_eight_processes():
+    text = render({"gpu01": (8, "nvml"), "gpu02": (8, "nvml")})
+    assert "#SBATCH --gpus-per-node=8\n" in text
+    assert procs_line(text) == "procs_per_node=${SD3_PROCS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}"
+    assert text.startswith("#!/bin/bash\n# managed\n")
+
+
+def test_mixed_nodes_ask_for_what_every_node_has():
+    text = render({"gpu01": (8, "static"), "gpu02": (4, "static")})
+    assert "#SBATCH --gpus-per-node=4\n" in text
+    assert procs_line(text).endswith("${SLURM_GPUS_ON_NODE:-4}}")
+
+
+def test_without_gres_no_gpu_request_but_one_process_per_gpu_from_the_facts():
+    text = render({"gpu01": (4, "none"), "gpu02": (4, "nvml")})
+    assert "--gpus-per-node" not in text
+    assert procs_line(text).endswith("${SLURM_GPUS_ON_NODE:-4}}")
+
+
+def test_nodes_without_gpus_run_one_process_and_ask_for_none():
+    text = render({"n1": (0, "none"), "n2": (0, "none")})
+    assert "--gpus-per-node" not in text
+    assert procs_line(text).endswith("${SLURM_GPUS_ON_NODE:-1}}")
+
+
+def test_explicit_numbers_win():
+    text = render({"gpu01": (8, "nvml")}, slurm_job_gpus_per_node=2, slurm_job_procs_per_node=2)
+    assert "#SBATCH --gpus-per-node=2\n" in text
+    assert procs_line(text) == "procs_per_node=${SD3_PROCS_PER_NODE:-2}"
+    assert "--gpus-per-node" not in render({"gpu01": (8, "nvml")}, slurm_job_gpus_per_node=0)
+
+
+@pytest.mark.parametrize("nodes", [{"gpu01": (8, "nvml")}, {"n1": (0, "none")}])
+def test_the_rendered_job_is_valid_bash(nodes, tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(nodes))
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_default_job_config_is_a_real_one():
+    config = DEFAULTS["slurm_job_config"]
+    assert config["model"] == {"preset": "sd3-medium", "compile": True}
+    assert config["train"]["precision"] == "bf16" and config["data"]["resolution"] == 1024
+    local = yaml.safe_load((ROOT / "inventories" / "local" / "group_vars" / "all" / "slurm.yml").read_text())
+    assert local["slurm_job_config"]["model"]["preset"] == "tiny"

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 PROMPT = "a photo of a red house in the snow at night"
+STAGES: list[tuple[int, float, float, float]] = []  # (batch, encode, denoise, decode seconds) of our pipeline
 
 
 def _sync():
@@ -41,13 +42,15 @@ def _build(variant: str, t5_tokens: int):
     device, dtype = torch.device("cuda"), torch.bfloat16
     enc = random_encoders("sd3-medium", device=device, dtype=dtype)
     transformer = build_transformer("sd3-medium", device=device).to(dtype)
-    if variant in ("ours", "ours-eager"):
+    if variant.startswith("ours"):
         from sd3cluster.pipeline import SD3Pipeline
 
-        pipe = SD3Pipeline(transformer, enc, device, dtype, t5_tokens=t5_tokens, compile_blocks=variant == "ours")
+        pipe = SD3Pipeline(transformer, enc, device, dtype, t5_tokens=t5_tokens, compile_blocks=variant != "ours-eager",
+                           compile_vae=variant == "ours-vae")
 
         def call(batch: int, size: int, steps: int, guidance: float, seed: int):
-            images, _ = pipe([PROMPT] * batch, list(range(seed, seed + batch)), size, size, steps, guidance)
+            images, times = pipe([PROMPT] * batch, list(range(seed, seed + batch)), size, size, steps, guidance)
+            STAGES.append((batch, times.encode, times.denoise, times.decode))
             return images
 
         return call
@@ -92,7 +95,7 @@ def run_variant(args: argparse.Namespace) -> dict:
     latencies = [timed(1, 100 + i) for i in range(args.latency_runs)]
     result["latency_s"] = latencies
     result["p50_s"] = statistics.median(latencies)
-    result["p90_s"] = sorted(latencies)[max(0, int(round(0.9 * len(latencies))) - 1)]
+    result["p90_s"] = sorted(latencies)[max(0, round(0.9 * len(latencies)) - 1)]
     throughput = {1: 1.0 / statistics.mean(latencies)}
     for batch in args.batches:
         if batch == 1:
@@ -105,6 +108,10 @@ def run_variant(args: argparse.Namespace) -> dict:
     result["best_batch"], result["best_images_per_s"] = best, throughput[best]
     result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     result["measure_s"] = time.perf_counter() - t0
+    ones = [s for s in STAGES[args.warmup:args.warmup + args.latency_runs] if s[0] == 1]
+    if ones:
+        result["stages_batch1_s"] = {name: statistics.median(s[i] for s in ones)
+                                     for i, name in ((1, "encode"), (2, "denoise"), (3, "decode"))}
     return result
 
 
@@ -124,7 +131,8 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=28)
     parser.add_argument("--guidance", type=float, default=7.0)
-    parser.add_argument("--tokens", type=int, default=154, choices=[154, 333], help="text tokens: 77 CLIP + 77 or 256 T5")
+    parser.add_argument("--tokens", type=int, default=154, choices=[154, 333],
+                        help="text tokens: 77 CLIP + 77 or 256 T5")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--latency-runs", type=int, default=10)
     parser.add_argument("--batches", default="1,4,8")
@@ -153,6 +161,8 @@ def main() -> int:
               f"{ {k: round(v, 3) for k, v in r['images_per_s'].items()} }, best {r['best_images_per_s']:.3f} at "
               f"batch {r['best_batch']}, first call {r['first_call_s']:.1f} s, peak {r['peak_memory_gib']:.1f} GiB",
               flush=True)
+        if "stages_batch1_s" in r:
+            print(f"{'':>9}  stages at batch 1 (median s): {r['stages_batch1_s']}", flush=True)
     floor = results["floor"]
     print(f"floor: {floor['tflop_per_image']:.1f} TFLOP per image = {floor['floor_s_at_peak']:.3f} s at 989 TFLOP/s")
     v = results["variants"]

@@ -68,7 +68,7 @@ class CfgPair:
 class SD3Pipeline:
     def __init__(self, transformer: nn.Module, encoders: Encoders, device: torch.device, dtype: torch.dtype,
                  scheduler_config: dict[str, Any] | None = None, t5_tokens: int = 77, compile_blocks: bool = False,
-                 description: str = ""):
+                 description: str = "", compile_vae: bool = False):
         self.device, self.dtype, self.t5_tokens = device, dtype, t5_tokens
         self.description = description
         cuda = device.type == "cuda"
@@ -78,6 +78,13 @@ class SD3Pipeline:
             apply_compile(self.transformer)
         self.encoders = encoders.to(device, dtype)
         self.vae = encoders.vae
+        if cuda:
+            # The VAE decoder is convolutions at up to full image size: cuDNN's fastest algorithms want
+            # channels-last tensors, and `benchmark` picks them once per shape.
+            torch.backends.cudnn.benchmark = True
+            self.vae.to(memory_format=torch.channels_last)
+            if compile_vae:
+                self.vae.decoder.compile()
         self.scheduler_config = {**DEFAULT_SCHEDULER, **(scheduler_config or {})}
         self.latent_channels = int(self.vae.config.latent_channels)
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
@@ -152,6 +159,8 @@ class SD3Pipeline:
         """Latents -> uint8 RGB images (batch, height, width, 3), rounded as diffusers' image processor does."""
         config = self.vae.config
         latents = latents / config.scaling_factor + (config.shift_factor or 0.0)
+        if self.device.type == "cuda":
+            latents = latents.to(memory_format=torch.channels_last)
         images = self.vae.decode(latents.to(self.dtype), return_dict=False)[0]
         images = (images.float() / 2 + 0.5).clamp(0, 1)
         return (images.permute(0, 2, 3, 1).cpu().numpy() * 255).round().astype(np.uint8)

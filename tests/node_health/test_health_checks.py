@@ -193,3 +193,13 @@ def test_main_writes_a_metric_per_check_and_exits_1_on_failure(tmp_path, capsys)
 def test_a_missing_config_is_a_clear_error(tmp_path, capsys):
     assert nh.main(["--config", str(tmp_path / "nope.json")]) == 2
     assert "run the node_health role" in capsys.readouterr().err
+
+
+def test_outputs_recorded_on_the_h200_machine_pass():
+    """nvidia-smi's query and `nvlink -s` as the project's H200 machine printed them (benchmarks/hardware_profiles.md;
+    that machine has no lspci, so the PCIe check reads nvidia-smi's link fields alone)."""
+    results = checks(query="query_h200_recorded.csv", expected=1, lspci=None, nvlink="nvlink_h200_recorded.txt")
+    assert failing(results) == {}
+    assert results["gpu_count"].status == nh.PASS and "1 GPU(s)" in results["gpu_count"].detail
+    assert results["persistence_mode"].status == nh.PASS
+    assert results["nvlink"].status == nh.SKIP

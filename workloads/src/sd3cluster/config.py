@@ -175,7 +175,8 @@ class GenerateConfig(_Section):
     seed: int = Field(0, ge=0, description="base seed; each (prompt, image) gets its own seed from it")
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    compile: bool = Field(False, description="torch.compile each transformer block (GPU; pays off past ~50 images)")
+    compile: bool = Field(False, description="torch.compile each transformer block and the VAE decoder (GPU; "
+                          "about 25 s once, then 1.24 s instead of 1.52 s per 1024^2 image on an H200)")
     cfg_parallel: bool = Field(False, description="conditional and unconditional passes on two ranks (latency)")
     max_sequence_length: int = Field(77, ge=1, le=512, description="T5 tokens (77: 154 text tokens in all)")
     progress_every_s: float = Field(10.0, gt=0, description="seconds between progress lines and progress.json")

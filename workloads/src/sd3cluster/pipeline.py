@@ -78,13 +78,14 @@ class SD3Pipeline:
             apply_compile(self.transformer)
         self.encoders = encoders.to(device, dtype)
         self.vae = encoders.vae
-        if cuda:
-            # The VAE decoder is convolutions at up to full image size: cuDNN's fastest algorithms want
-            # channels-last tensors, and `benchmark` picks them once per shape.
+        self.channels_last = compile_vae and cuda
+        if self.channels_last:
+            # The VAE decoder is convolutions at up to full image size. Compiled and channels-last it decoded a
+            # 1024^2 image in 55 ms on an H200 against 148 ms channels-last eager (eager channels-first lies
+            # between), so channels-last comes only with compilation.
             torch.backends.cudnn.benchmark = True
             self.vae.to(memory_format=torch.channels_last)
-            if compile_vae:
-                self.vae.decoder.compile()
+            self.vae.decoder.compile()
         self.scheduler_config = {**DEFAULT_SCHEDULER, **(scheduler_config or {})}
         self.latent_channels = int(self.vae.config.latent_channels)
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
@@ -159,7 +160,7 @@ class SD3Pipeline:
         """Latents -> uint8 RGB images (batch, height, width, 3), rounded as diffusers' image processor does."""
         config = self.vae.config
         latents = latents / config.scaling_factor + (config.shift_factor or 0.0)
-        if self.device.type == "cuda":
+        if self.channels_last:
             latents = latents.to(memory_format=torch.channels_last)
         images = self.vae.decode(latents.to(self.dtype), return_dict=False)[0]
         images = (images.float() / 2 + 0.5).clamp(0, 1)
@@ -247,7 +248,7 @@ def load_pipeline(preset: str, device: torch.device, dtype: torch.dtype, pretrai
         parts = f"random {preset} encoders and VAE (images show noise; pass --pretrained for real ones)"
     description = f"transformer: {source}; encoders/VAE: {parts}"
     pipe = SD3Pipeline(transformer, encoders, device, dtype, _scheduler_config(parts_folder), t5_tokens,
-                       compile_blocks, description)
-    log(f"[pipeline] {description}; {dtype} on {device}{', compiled blocks' if compile_blocks else ''} "
+                       compile_blocks, description, compile_vae=compile_blocks)
+    log(f"[pipeline] {description}; {dtype} on {device}{', compiled blocks and VAE decoder' if compile_blocks else ''} "
         f"({time.perf_counter() - start:.1f} s)")
     return pipe

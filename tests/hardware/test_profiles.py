@@ -93,9 +93,11 @@ def test_threshold_is_expected_times_fraction():
     assert t[hw.GEMM]["expected"] == 770.0 and t[hw.GEMM]["threshold"] == 616.0
     assert t[hw.GEMM]["source"] == "measured"
     assert t[hw.TRAIN]["threshold"] == pytest.approx(12.8)
-    assert t[hw.MEMORY]["expected"] == pytest.approx(4800 * 0.85)
-    assert t[hw.MEMORY]["threshold"] == pytest.approx(4800 * 0.85 * 0.8)
-    assert t[hw.MEMORY]["source"].startswith("datasheet peak 4800 x 0.85")
+    assert t[hw.MEMORY]["expected"] == 4288.0 and t[hw.MEMORY]["source"] == "measured"
+    datasheet = hw.thresholds(PROFILES, 0.8, gpu="h100-sxm")[hw.MEMORY]
+    assert datasheet["expected"] == pytest.approx(3350 * 0.85)
+    assert datasheet["threshold"] == pytest.approx(3350 * 0.85 * 0.8)
+    assert datasheet["source"].startswith("datasheet peak 3350 x 0.85")
     assert t[hw.INTRA]["threshold"] == pytest.approx(360 * 0.8)
     assert t[hw.INTER]["expected"] == pytest.approx(8 * 50 * 0.8)
     half = hw.thresholds(PROFILES, 0.5, gpu="h200")

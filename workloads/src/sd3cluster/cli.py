@@ -147,6 +147,7 @@ def _run(args: argparse.Namespace, cfg: Config) -> int:
         if args.command == "train":
             from .train import train
 
+            _quiet_libraries()
             result = train(cfg, rt)
             if rt.is_main:
                 print(f"done: step {result['step']}, loss {result.get('loss', float('nan')):.4f}", flush=True)
@@ -162,8 +163,8 @@ def _run(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def _quiet_libraries() -> None:
-    """Library chatter that is no use to a user of these commands: diffusers' dtype advice on a cast we mean,
-    DCP's note that it reads in one process (export and generate always do)."""
+    """Library chatter that is no use to a user of these commands: diffusers' dtype advice on casts we mean
+    (generate, export, train's previews), DCP's note that it reads in one process (export and generate do)."""
     import warnings
 
     from diffusers.utils import logging as diffusers_logging

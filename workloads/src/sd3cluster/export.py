@@ -159,15 +159,30 @@ def _copy_base(base: Path, dest: Path, link: bool) -> list[str]:
     return copied
 
 
-def _model_index(base: Path | None) -> dict[str, Any]:
-    if base is not None and (base / "model_index.json").is_file():
+def _part_class(folder: Path, part: str) -> list[str]:
+    """[library, class] of one part as its own config files name it (model_index.json's form)."""
+    def read(name: str) -> dict[str, Any]:
+        path = folder / part / name
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    if part.startswith("tokenizer"):
+        return ["transformers", read("tokenizer_config.json").get("tokenizer_class", "AutoTokenizer")]
+    if part.startswith("text_encoder"):
+        return ["transformers", (read("config.json").get("architectures") or ["AutoModel"])[0]]
+    if part == "scheduler":
+        return ["diffusers", read("scheduler_config.json").get("_class_name", "FlowMatchEulerDiscreteScheduler")]
+    return ["diffusers", read("config.json").get("_class_name", "AutoencoderKL")]
+
+
+def _model_index(base: Path, staging: Path) -> dict[str, Any]:
+    """The base's model_index.json, or one made from the parts' own config files."""
+    if (base / "model_index.json").is_file():
         return json.loads((base / "model_index.json").read_text())
-    return {"_class_name": "StableDiffusion3Pipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-            "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
-            "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
-            "text_encoder_3": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
-            "tokenizer_2": ["transformers", "CLIPTokenizer"], "tokenizer_3": ["transformers", "T5TokenizerFast"],
-            "transformer": ["diffusers", "SD3Transformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+    index: dict[str, Any] = {"_class_name": "StableDiffusion3Pipeline",
+                             "transformer": ["diffusers", "SD3Transformer2DModel"]}
+    for part in PIPELINE_PARTS:
+        index[part] = _part_class(staging, part)
+    return index
 
 
 def export(cfg: ExportConfig) -> Path:
@@ -193,7 +208,7 @@ def export(cfg: ExportConfig) -> Path:
         parts = []
         if cfg.base is not None:
             parts = _copy_base(Path(cfg.base), staging, cfg.link)
-            (staging / "model_index.json").write_text(json.dumps(_model_index(Path(cfg.base)), indent=2))
+            (staging / "model_index.json").write_text(json.dumps(_model_index(Path(cfg.base), staging), indent=2))
         provenance = {"checkpoint": str(path.resolve()), "step": state["step"], "ema": cfg.ema, "dtype": cfg.dtype,
                       "preset": state["model"].get("preset"), "base": str(cfg.base) if cfg.base else None,
                       "base_parts": parts, "time": time.time()}

@@ -278,6 +278,8 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
         try:
             images_dir.mkdir(parents=True, exist_ok=True)
             check_settings(out, settings)
+            for stale in images_dir.glob(".*.tmp"):  # a killed run's unfinished PNGs; never counted as done
+                stale.unlink(missing_ok=True)
         except UserError as e:
             error = str(e)
         except OSError as e:

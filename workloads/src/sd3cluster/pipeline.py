@@ -68,14 +68,20 @@ class CfgPair:
 class SD3Pipeline:
     def __init__(self, transformer: nn.Module, encoders: Encoders, device: torch.device, dtype: torch.dtype,
                  scheduler_config: dict[str, Any] | None = None, t5_tokens: int = 77, compile_blocks: bool = False,
-                 description: str = "", compile_vae: bool = False):
+                 description: str = "", compile_vae: bool = False, training_model: bool = False):
+        """training_model: `transformer` is a model being trained (already fused, compiled and wrapped, fp32
+        weights): it is used as it is, under bf16 autocast when `dtype` is bf16."""
         self.device, self.dtype, self.t5_tokens = device, dtype, t5_tokens
         self.description = description
         cuda = device.type == "cuda"
-        transformer = transformer.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        self.transformer = fuse_qkv(transformer, attention_backend="cudnn" if cuda else "auto")
-        if compile_blocks and cuda:
-            apply_compile(self.transformer)
+        self.autocast = training_model and dtype == torch.bfloat16
+        if training_model:
+            self.transformer = transformer
+        else:
+            transformer = transformer.to(device=device, dtype=dtype).eval().requires_grad_(False)
+            self.transformer = fuse_qkv(transformer, attention_backend="cudnn" if cuda else "auto")
+            if compile_blocks and cuda:
+                apply_compile(self.transformer)
         self.encoders = encoders.to(device, dtype)
         self.vae = encoders.vae
         self.channels_last = compile_vae and cuda
@@ -122,8 +128,9 @@ class SD3Pipeline:
 
     def _predict(self, latents: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, pooled: torch.Tensor,
                  ) -> torch.Tensor:
-        return self.transformer(hidden_states=latents.to(self.dtype), timestep=t.expand(latents.shape[0]),
-                                encoder_hidden_states=embeds, pooled_projections=pooled, return_dict=False)[0]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            return self.transformer(hidden_states=latents.to(self.dtype), timestep=t.expand(latents.shape[0]),
+                                    encoder_hidden_states=embeds, pooled_projections=pooled, return_dict=False)[0]
 
     @torch.no_grad()
     def denoise(self, latents: torch.Tensor, cond: Conditioning, steps: int, guidance: float,

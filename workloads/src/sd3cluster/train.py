@@ -265,6 +265,13 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
              f"{rt.device.type} ({rt.backend if rt.distributed else 'single process'}); parallel "
              f"{cfg.train.parallel if wrapped else 'none'}; global batch {trainer.global_micro * cfg.train.grad_accum}")
     images_per_step = trainer.global_micro * cfg.train.grad_accum
+    previewer = None
+    if cfg.preview.every:
+        from .preview import Previewer
+
+        previewer = Previewer(cfg, rt, trainer.model, trainer.bf16, trainer.fsdp)
+        log.note(f"previews of {len(cfg.preview.prompts)} prompt(s) every {cfg.preview.every} steps "
+                 f"({previewer.source}) -> {cfg.output.dir / 'previews'}")
     try:
         last = time.perf_counter()
         metrics: dict[str, float] = {}
@@ -280,6 +287,10 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
             if manager is not None and (trainer.step % cfg.checkpoint.every == 0 or trainer.step == cfg.train.steps):
                 saved = trainer.save(manager)
                 log.note(f"checkpoint {saved} (step {trainer.step})")
+                last = time.perf_counter()
+            if previewer is not None and trainer.step % cfg.preview.every == 0:
+                seconds = previewer.render(trainer.step, cfg.output.dir, log.tb)
+                log.note(f"previews of step {trainer.step} in {seconds:.1f} s")
                 last = time.perf_counter()
             _maybe_kill(cfg, rt, trainer.step)
     finally:

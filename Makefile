@@ -85,7 +85,7 @@ e2e: cluster-up ## The local cluster's own tests (SSH, host keys, cache, cluster
 	@$(BIN)/pytest -q -m "cluster and not full" --ignore=tests/workloads tests
 
 # In this order: site.yml converges the nodes the later tests use; the day-2 tests leave 3 nodes.
-E2E_FULL_TESTS := tests/e2e/test_local_cluster.py tests/e2e/test_fault.py $(wildcard tests/e2e/test_day2.py)
+E2E_FULL_TESTS := tests/e2e/test_local_cluster.py tests/e2e/test_fault.py tests/e2e/test_generate_job.py $(wildcard tests/e2e/test_day2.py)
 
 e2e-full: cluster-up ## site.yml twice, verify.yml, a node killed during training, day-2 playbooks
 	@$(BIN)/pytest -q -s -m full $(E2E_FULL_TESTS)

@@ -72,6 +72,29 @@ def test_end_record_and_total_steps_finish_a_run(training, tmp_path):
     assert summary["finished"] == 1
 
 
+def test_newest_generation_job_progress(training, textfile, tmp_path):
+    """As sd3cluster generate's rank 0 writes progress.json in its output folder (the sbatch template's run folder)."""
+    old = tmp_path / "train-sd3-7"
+    old.mkdir()
+    (old / "progress.json").write_text(json.dumps({"done": 5, "total": 5, "finished": True, "time": 1.0}))
+    os.utime(old / "progress.json", (10, 10))
+    job = tmp_path / "sd3-generate-9"
+    job.mkdir()
+    (job / "progress.json").write_text(json.dumps({"done": 120, "total": 1000, "images_per_s": 3.5, "eta_s": 251.4,
+                                                   "finished": False, "time": 1796330000.0}))
+    m = parse(textfile.render(training.collect_generation(tmp_path, ["*/progress.json"])))
+    labels = {"run": "sd3-generate-9"}
+    assert value(m, "sd3_generate_progress_found") == 1
+    assert value(m, "sd3_generate_images_done", **labels) == 120
+    assert value(m, "sd3_generate_images_total", **labels) == 1000
+    assert value(m, "sd3_generate_images_per_second", **labels) == 3.5
+    assert value(m, "sd3_generate_eta_seconds", **labels) == pytest.approx(251.4)
+    assert value(m, "sd3_generate_running", **labels) == 1
+    (job / "progress.json").write_text("{not json")
+    m = parse(textfile.render(training.collect_generation(tmp_path, ["*/progress.json"])))
+    assert value(m, "sd3_generate_progress_found") == 0
+
+
 def test_no_runs_folder(training, textfile, tmp_path):
     m = parse(textfile.render(training.collect(tmp_path / "missing", ["*/metrics.jsonl"], 5.0)))
     assert value(m, "sd3_train_log_found") == 0

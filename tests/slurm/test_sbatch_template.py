@@ -76,3 +76,26 @@ def test_the_default_job_config_is_a_real_one():
     assert config["train"]["precision"] == "bf16" and config["data"]["resolution"] == 1024
     local = yaml.safe_load((ROOT / "inventories" / "local" / "group_vars" / "all" / "slurm.yml").read_text())
     assert local["slurm_job_config"]["model"]["preset"] == "tiny"
+
+
+def test_job_configs_are_valid_sd3cluster_configs(tmp_path):
+    """The training and generation configs the role installs, default and local, as `sd3cluster` reads them."""
+    from sd3cluster.config import load_config
+
+    local = yaml.safe_load((ROOT / "inventories" / "local" / "group_vars" / "all" / "slurm.yml").read_text())
+    for name, tree in [("default-train", DEFAULTS["slurm_job_config"]),
+                       ("default-generate", DEFAULTS["slurm_job_generate_config"]),
+                       ("local-train", local["slurm_job_config"]),
+                       ("local-generate", local["slurm_job_generate_config"])]:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        load_config(path)  # raises ConfigError naming the key when the role's default is wrong
+    generate = load_config(tmp_path / "default-generate.yaml").generate
+    assert (generate.width, generate.steps, generate.guidance, generate.compile) == (1024, 28, 7.0, True)
+
+
+def test_generate_command_writes_into_the_run_folder_and_requeues():
+    text = render({"gpu01": (8, "nvml")})
+    assert 'generate) extra=(--out "$outputs") ;;' in text
+    assert "default_config=/opt/sd3cluster/jobs/generate-sd3.yaml" in text
+    assert 'if [ "$command" != verify ] && [ "$attempt" -lt 3 ]; then' in text

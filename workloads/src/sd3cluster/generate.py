@@ -338,6 +338,9 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     if rt.is_main:
         summary = _finish(out, items, g, model, stats, progress)
+    # Every rank leaves together: a rank that tore its process group down while rank 0 still wrote the manifest
+    # made rank 0's gloo threads abort at exit now and then ("terminate called without an active exception").
+    barrier(rt)
     return summary
 
 

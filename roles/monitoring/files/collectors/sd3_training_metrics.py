@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Metrics of the newest sd3cluster training run (step, loss, images/s, MFU, last checkpoint) as a .prom textfile.
+"""Metrics of the newest sd3cluster training run (step, loss, images/s, MFU, last checkpoint) and of the newest
+generation job (images done of total, images/s, ETA) as a .prom textfile.
 
 Reads the JSON-lines log that `sd3cluster train` writes on rank 0 (`<output.dir>/metrics.jsonl`, one object per
 logged step: {"step", "loss", ..., "images_per_s", "mfu", "time"}) from the runs folder on the shared volume. The
 newest log (by modification time) among the glob patterns is the current run; only its tail is read, so a long
 run costs the same as a short one. The last checkpoint is the `latest` file the package's CheckpointManager
-writes last and atomically (it names the newest complete `step-NNNNNNNN` folder).
+writes last and atomically (it names the newest complete `step-NNNNNNNN` folder). A generation job
+(`sd3cluster generate`) keeps `progress.json` in its output folder, rewritten atomically by its rank 0.
 """
 
 from __future__ import annotations
@@ -173,11 +175,52 @@ def collect(runs_dir: Path, patterns: list[str], now: float,
     return families
 
 
+GENERATE_FAMILIES = [
+    ("done", "sd3_generate_images_done", "Images of the newest generation job on disk."),
+    ("total", "sd3_generate_images_total", "Images the newest generation job makes in all."),
+    ("images_per_s", "sd3_generate_images_per_second", "Throughput of the newest generation job (all ranks)."),
+    ("eta_s", "sd3_generate_eta_seconds", "Seconds the newest generation job expects to need still."),
+    ("time", "sd3_generate_progress_timestamp_seconds", "When the newest generation job last reported progress."),
+]
+
+
+def collect_generation(runs_dir: Path, patterns: list[str]) -> list[Family]:
+    """The newest generation job's progress.json (by modification time): one job, so labels stay few."""
+    found = Family("sd3_generate_progress_found", "1 when a generation job's progress.json was found.")
+    candidates = [p for pattern in patterns for p in runs_dir.glob(pattern) if p.is_file()] \
+        if runs_dir.is_dir() else []
+    newest = max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+    state = None
+    if newest is not None:
+        try:
+            state = json.loads(newest.read_text())
+        except (OSError, ValueError):
+            state = None  # replaced while read; the next run reads it
+    found.add(0 if not isinstance(state, dict) else 1)
+    if not isinstance(state, dict):
+        return [found]
+    run = os.path.relpath(newest.parent, runs_dir)
+    labels = {"run": newest.parent.name if run == "." else run}
+    families = [found]
+    running = Family("sd3_generate_running", "1 while the newest generation job has not finished.")
+    running.add(0 if state.get("finished") else 1, **labels)
+    families.append(running)
+    for key, name, text in GENERATE_FAMILIES:
+        value = state.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            family = Family(name, text)
+            family.add(float(value), **labels)
+            families.append(family)
+    return families
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--textfile-dir", type=Path, required=True, help="node_exporter's textfile directory")
     parser.add_argument("--runs-dir", type=Path, required=True, help="folder of the training runs on the shared volume")
     parser.add_argument("--pattern", action="append", help="glob of a run's log under --runs-dir (repeatable)")
+    parser.add_argument("--progress-pattern", action="append",
+                        help="glob of a generation job's progress.json under --runs-dir (repeatable)")
     parser.add_argument("--checkpoint-pattern", action="append",
                         help="glob of the checkpoints' `latest` file, relative to the run's folder or absolute; "
                              "{run} stands for the run's name (repeatable)")
@@ -185,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     patterns = args.pattern or ["metrics.jsonl", "*/metrics.jsonl"]
     checkpoints = args.checkpoint_pattern or ["latest", "checkpoints/latest", "*/latest"]
     families = collect(args.runs_dir, patterns, time.time(), checkpoints)
+    families += collect_generation(args.runs_dir, args.progress_pattern or ["progress.json", "*/progress.json"])
     write_atomically(args.textfile_dir, "sd3_training.prom", render(families))
     return 0
 

@@ -20,7 +20,7 @@ from .models import PRESETS
 
 # Prompts are few per batch, and every GPU has its own process: the tokenizers' thread pool buys nothing, and
 # with it a torchrun rank of `generate` now and then aborted at exit ("terminate called without an active
-# exception": 3 of 35 three-rank runs on CPU, 0 of 20 without it). Read by the tokenizers library when it is used.
+# exception": 2 of 24 three-rank runs on CPU, 0 of 40 without it). Read by the tokenizers library when it is used.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ENCODER_PARTS = ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")

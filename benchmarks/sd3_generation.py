@@ -6,8 +6,8 @@ downloaded). Measured per variant: the latency of one image (p50 and p90 over --
 and images/s at each batch of --batches (the mean of --batch-runs calls). Times are host clock around the whole
 pipeline call (text encoding, denoising, VAE decode, conversion to uint8/PIL), the device synchronised.
 
-    python3 benchmarks/sd3_generation.py --out result.json            # both variants, 1024^2, 28 steps, cfg 7
-    python3 benchmarks/sd3_generation.py --variants ours --tokens 333
+    python3 benchmarks/sd3_generation.py --out result.json       # diffusers, then ours (= generate --compile)
+    python3 benchmarks/sd3_generation.py --variants diffusers,ours-eager,ours --tokens 333
 
 The compute floor printed beside the numbers: 2 x steps forward passes of the transformer, FLOPs counted by
 torch's FlopCounterMode on the meta device, at the dense bf16 peak (989 TFLOP/s on H100/H200 SXM).
@@ -45,8 +45,9 @@ def _build(variant: str, t5_tokens: int):
     if variant.startswith("ours"):
         from sd3cluster.pipeline import SD3Pipeline
 
-        pipe = SD3Pipeline(transformer, enc, device, dtype, t5_tokens=t5_tokens, compile_blocks=variant != "ours-eager",
-                           compile_vae=variant == "ours-vae")
+        compiled = variant == "ours"  # what `sd3cluster generate --compile` runs: blocks and VAE decoder
+        pipe = SD3Pipeline(transformer, enc, device, dtype, t5_tokens=t5_tokens, compile_blocks=compiled,
+                           compile_vae=compiled)
 
         def call(batch: int, size: int, steps: int, guidance: float, seed: int):
             images, times = pipe([PROMPT] * batch, list(range(seed, seed + batch)), size, size, steps, guidance)

@@ -185,3 +185,35 @@ def test_pipeline_equals_diffusers_stable_diffusion3_pipeline():
         images, times = ours(["a red cat"], [seed], 32, 48, 4, guidance, [negative])
         assert images.shape == (1, 32, 48, 3) and times.denoise > 0
         assert np.array_equal((expected * 255).round().astype(np.uint8), images), (seed, guidance)
+
+
+def test_training_previews_equal_generate_from_the_same_checkpoint(tmp_path: Path):
+    """train's previews (2 ranks, rank-sharded) are the images `generate` makes from that step's checkpoint."""
+    prompts = ["a photo of a red cat", "a big blue house", "a small green tree"]
+    ck, run = tmp_path / "ck", tmp_path / "run"
+    result = torchrun(2, "train", "--device", "cpu", "--steps", "4", "--batch-size", "1", "--set", "data.resolution=32",
+                      "--set", "data.text_tokens=8", "--set", "train.precision=fp32", "--set",
+                      "data.synthetic_samples=16", "--set", f"checkpoint.dir={ck}", "--set", "checkpoint.every=2",
+                      "--set", f"output.dir={run}", "--set", "output.progress=false", "--set", "preview.every=2",
+                      "--set", f"preview.prompts={json.dumps(prompts)}", "--set", "preview.steps=3",
+                      "--set", "preview.guidance=5", "--set", "preview.seed=3")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for step in (2, 4):
+        assert sorted(p.name for p in (run / "previews" / f"step-{step:08d}").iterdir()) == ["000.png", "001.png",
+                                                                                               "002.png"]
+    out = tmp_path / "gen"
+    result = sd3cluster("generate", "--prompts", str(_prompts(tmp_path, prompts)), "--out", str(out),
+                        "--checkpoint", str(ck), "--step", "2", "--size", "32", "--steps", "3", "--guidance", "5",
+                        "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    for i in range(3):
+        assert np.array_equal(_pixels(run / "previews" / "step-00000002" / f"{i:03d}.png"),
+                              _pixels(out / "images" / f"{i:06d}-000.png")), i
+    assert not np.array_equal(_pixels(run / "previews" / "step-00000002" / "000.png"),
+                              _pixels(run / "previews" / "step-00000004" / "000.png"))  # the weights moved
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={IMAGES: 0})
+    events.Reload()
+    assert sorted(events.Tags()["images"]) == ["preview/000", "preview/001", "preview/002"]
+    assert [e.step for e in events.Images("preview/001")] == [2, 4]

@@ -165,7 +165,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, case: st
 
 
 def test_pipeline_equals_diffusers_stable_diffusion3_pipeline():
-    """The same random components through diffusers' pipeline and ours: the same pixels (fp32, CPU)."""
+    """The same random components through diffusers' pipeline and ours: the same pixels (fp32, CPU), up to the
+    rounding of the fused q/k/v projection."""
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
     from sd3cluster.components import random_encoders
     from sd3cluster.models import build_transformer
@@ -184,7 +185,10 @@ def test_pipeline_equals_diffusers_stable_diffusion3_pipeline():
                           generator=[torch.Generator().manual_seed(seed)]).images
         images, times = ours(["a red cat"], [seed], 32, 48, 4, guidance, [negative])
         assert images.shape == (1, 32, 48, 3) and times.denoise > 0
-        assert np.array_equal((expected * 255).round().astype(np.uint8), images), (seed, guidance)
+        # Ours computes q, k and v with one fused GEMM where diffusers runs three: the same sums in another
+        # order, so a pixel may land one level of 255 apart; an error in the pipeline moves many by far more.
+        diff = np.abs((expected * 255).round().astype(np.int16) - images.astype(np.int16))
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01, (seed, guidance, diff.max(), (diff > 0).mean())
 
 
 def test_training_previews_equal_generate_from_the_same_checkpoint(tmp_path: Path):

@@ -136,10 +136,12 @@ def run_settings(g: GenerateConfig, prompts_sha: str, model: str) -> dict[str, A
             "dtype": g.dtype}
 
 
-def model_identity(cfg: Config) -> str:
+def model_identity(cfg: Config, checkpoint: Path | None) -> str:
+    """Names the weights: a checkpoint by its resolved step folder, so a rerun after training saved a newer
+    `latest` is told that the weights changed."""
     g = cfg.generate
-    if g.checkpoint is not None:
-        return f"checkpoint:{Path(g.checkpoint).resolve()}@{g.step}{':ema' if g.ema else ''}"
+    if checkpoint is not None:
+        return f"checkpoint:{checkpoint.resolve()}{':ema' if g.ema else ''}"
     if g.pretrained is not None:
         return f"pretrained:{Path(g.pretrained).resolve()}"
     return f"random:{cfg.model.preset}"
@@ -264,13 +266,16 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
     out = check_out(g.out)
     if g.pretrained is not None:
         check_pretrained(g.pretrained)
+    checkpoint = None
     if g.checkpoint is not None:
         from .export import resolve_checkpoint
 
-        resolve_checkpoint(g.checkpoint, g.step)  # a missing or torn checkpoint stops before anything is written
+        # A missing or torn checkpoint stops before anything is written. Rank 0's answer is everyone's: a run that
+        # is still training may save a newer one between two ranks' looks.
+        checkpoint = Path(str(broadcast_object(rt, str(resolve_checkpoint(g.checkpoint, g.step)))))
     items = plan_items(prompts, g)
     batches = plan_batches(items, g.batch_size)
-    model = model_identity(cfg)
+    model = model_identity(cfg, checkpoint)
     settings = run_settings(g, hashlib.sha256(Path(g.prompts).read_bytes()).hexdigest(), model)
     images_dir = out / "images"
     error = None
@@ -291,7 +296,8 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
     worker, n_workers = workers(rt, g.cfg_parallel)
     mine = batches[worker::n_workers]
     todo = [b for b in mine if any(not (images_dir / item.name).is_file() for item in b)]
-    done_before = sum(1 for item in items if (images_dir / item.name).is_file())
+    # Rank 0 alone counts what is done for its report; each rank looks only at its own batches above.
+    done_before = sum(1 for item in items if (images_dir / item.name).is_file()) if rt.is_main else 0
     if rt.is_main:
         print(f"[generate] {len(prompts)} prompts x {g.images_per_prompt} = {len(items)} images in {len(batches)} "
               f"batches of <= {g.batch_size} over {n_workers} worker(s) ({rt.world} rank(s)"
@@ -299,7 +305,7 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
     device = rt.device
     dtype = resolve_dtype(g.dtype, device)
     pair = _cfg_pair(rt, g)
-    pipe = load_pipeline(cfg.model.preset, device, dtype, g.pretrained, g.checkpoint, g.step, g.ema,
+    pipe = load_pipeline(cfg.model.preset, device, dtype, g.pretrained, checkpoint, "latest", g.ema,
                          g.max_sequence_length, g.compile, log=print if rt.is_main else (lambda _: None))
     progress = Progress(rt, out, len(items), done_before, n_workers, g.progress_every_s)
     parts = out / ".parts"

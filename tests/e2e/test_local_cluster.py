@@ -46,6 +46,18 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return hosts
 
 
+def changed_tasks(output: str) -> list[str]:
+    """'TASK [...]: host' for every task that reported changed, so a failed idempotence check says which."""
+    found, task = [], ""
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line.split("]")[0] + "]"
+        match = re.match(r"^changed: \[([^\]]+)\]", line)
+        if match:
+            found.append(f"{task}: {match.group(1)}")
+    return found
+
+
 def test_inventory_has_the_groups_and_a_single_head():
     children = inventory()["all"]["children"]
     assert set(children) >= {"head", "gpu_nodes", "storage_nodes"}
@@ -84,7 +96,8 @@ def test_site_yml_is_green_then_changes_nothing():
     assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), first.stdout[-3000:]
     second = run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", timeout=3600)
     changed = {name: h["changed"] for name, h in recap(second.stdout).items()}
-    assert all(count == 0 for count in changed.values()), f"second run changed something: {changed}"
+    assert all(count == 0 for count in changed.values()), \
+        f"second run changed something: {changed}; the tasks:\n" + "\n".join(changed_tasks(second.stdout))
 
 
 @pytest.mark.full

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd3_textfile import Family, render, write_atomically
+from sd3_textfile import Family, render, run_command, write_atomically
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -330,15 +330,7 @@ def _command(argv: list[str], recorded: Path | None, name: str, timeout: float =
     if recorded is not None:
         path = recorded / name
         return (path.read_text(errors="replace"), "") if path.is_file() else (None, f"{path} is not there")
-    if shutil.which(argv[0]) is None:
-        return None, f"{argv[0]} not found"
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"{argv[0]} did not answer within {timeout:.0f} s"
-    if done.returncode != 0:
-        return None, f"{' '.join(argv[:2])} exited {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}"
-    return done.stdout, ""
+    return run_command(argv, timeout)
 
 
 def query_gpus(nvidia_smi: str, recorded: Path | None) -> tuple[str | None, str]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd3_textfile import Family, render, write_atomically
+from sd3_textfile import Family, render, run_command, write_atomically
 
 # Always present, so a dashboard shows 0 rather than "no data".
 JOB_STATES = ("pending", "running", "completing", "suspended")
@@ -55,15 +54,7 @@ def parse_sinfo(text: str) -> tuple[Counter[str], int]:
 
 
 def _run(command: list[str], timeout: float) -> tuple[str | None, str]:
-    if shutil.which(command[0]) is None:
-        return None, f"{command[0]} not found: Slurm is not installed on this node"
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"{' '.join(command)} did not answer within {timeout:.0f} s"
-    if done.returncode != 0:
-        return None, f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()}"
-    return done.stdout, ""
+    return run_command(command, timeout, ": Slurm is not installed on this node")
 
 
 def collect(squeue: str | None, sinfo: str | None, now: float, installed: bool = True) -> list[Family]:

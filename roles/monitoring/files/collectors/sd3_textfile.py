@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -62,3 +64,17 @@ def write_atomically(directory: Path, name: str, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def run_command(argv: list[str], timeout: float, missing: str = "") -> tuple[str | None, str]:
+    """(stdout, "") of a command that succeeded, else (None, why): not installed (with `missing` added), no answer
+    within `timeout` seconds, or its exit status and first words of output. Collectors report, never raise."""
+    if shutil.which(argv[0]) is None:
+        return None, f"{argv[0]} not found{missing}"
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"{' '.join(argv)} did not answer within {timeout:.0f} s"
+    if done.returncode != 0:
+        return None, f"{' '.join(argv)} exited {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}"
+    return done.stdout, ""

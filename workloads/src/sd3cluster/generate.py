@@ -321,22 +321,20 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
                                  g.steps, g.guidance, [i.negative_prompt for i in batch], pair)
             for key in stage_totals:
                 stage_totals[key] += getattr(stage, key)
-            new = 0
+            written = []
             if writes:
                 for item, image in zip(batch, images, strict=True):
                     path = images_dir / item.name
-                    if path.is_file():
-                        continue
-                    write_png(image, path, item_record(item, g, model))
-                    new += 1
+                    if not path.is_file():  # a partly done batch: its finished images stay as they are
+                        write_png(image, path, item_record(item, g, model))
+                        written.append(item)
             elapsed = time.perf_counter() - start
             seconds += elapsed
-            if writes:
-                for item in batch:
-                    times_log.write(json.dumps({"file": f"images/{item.name}", "seconds": elapsed / len(batch),
-                                                "rank": rt.rank, "time": time.time()}) + "\n")
-                times_log.flush()
-            made += new
+            for item in written:
+                times_log.write(json.dumps({"file": f"images/{item.name}", "seconds": elapsed / len(batch),
+                                            "rank": rt.rank, "time": time.time()}) + "\n")
+            times_log.flush()
+            made += len(written)
             progress.update(len(batch))
     barrier(rt)
     stats = all_gather_object(rt, {"rank": rt.rank, "made": made, "seconds": seconds, "batches": len(todo),

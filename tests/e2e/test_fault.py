@@ -1,4 +1,4 @@
-"""A node lost in the middle of training (issue 9's fault test), on the converged local cluster.
+"""A node lost in the middle of training (the fault test), on the converged local cluster.
 
 The training job of the slurm role's sbatch template runs on every gpu_node; once it has a complete
 checkpoint, the last gpu_node's container is killed (as a crashed server). Slurm requeues the job

@@ -22,8 +22,8 @@ from .checkpoint import MARKER, complete_checkpoints, is_complete
 from .config import ExportConfig
 from .errors import CheckpointError, UserError
 from .models import build_from_description, unfuse_state_dict
+from .pipeline import DTYPES
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Parts of a diffusers SD3 pipeline folder besides the transformer (what --base contributes).
 PIPELINE_PARTS = ("scheduler", "vae", "text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2",
                   "tokenizer_3")

@@ -18,6 +18,7 @@ import json
 import math
 import secrets
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -122,8 +123,9 @@ def check_request(body: GenerationBody, limits: ServeConfig, seed_source: Callab
     if body.response_format == "path" and limits.output_dir is None:
         bad("response_format", "'path' needs the service's serve.output_dir; this one has none: ask for b64_json")
 
+    # (field that names it in an error, side, value); a side taken from the other one is not checked twice.
     width = height = limits.default_size
-    side_field = {"width": "width", "height": "height"}
+    sides: list[tuple[str, str, int]] = []
     if body.size is not None:
         if body.width is not None or body.height is not None:
             bad("size", "give either size or width/height, not both")
@@ -132,18 +134,19 @@ def check_request(body: GenerationBody, limits: ServeConfig, seed_source: Callab
             bad("size", f"is {body.size!r}; write N or WIDTHxHEIGHT, e.g. 1024 or 1024x768")
         else:
             width, height = parsed
-            side_field = {"width": "size", "height": "size"}
+            square = isinstance(body.size, int) or "x" not in body.size.lower()
+            sides = [("size", "side", width)] if square else [("size", "width", width), ("size", "height", height)]
     else:
         width = body.width if body.width is not None else (body.height or limits.default_size)
         height = body.height if body.height is not None else (body.width or limits.default_size)
-    sides_ok = True
-    for name, value in (("width", width), ("height", height)):
+        sides = [(name, name, value) for name, value in (("width", body.width), ("height", body.height))
+                 if value is not None]
+    for field_name, side, value in sides:
         if not limits.min_side <= value <= limits.max_side or value % 16:
-            bad(side_field[name], f"{name} is {value}; allowed multiples of 16 from {limits.min_side} to "
-                                  f"{limits.max_side}")
-            sides_ok = False
-    if sides_ok and width * height > limits.max_pixels:
-        bad(side_field["width"], f"{width}x{height} is {width * height} pixels; allowed at most {limits.max_pixels}")
+            bad(field_name, f"{side} is {value}; allowed multiples of 16 from {limits.min_side} to {limits.max_side}")
+    if not problems and width * height > limits.max_pixels:
+        bad(sides[0][0] if sides else "size",
+            f"{width}x{height} is {width * height} pixels; allowed at most {limits.max_pixels}")
     if problems:
         raise LimitError(problems)
     seed = body.seed if body.seed is not None else (seed_source or (lambda: secrets.randbelow(2**31)))()
@@ -479,7 +482,7 @@ class Engine:
             t = slot.ticket
             record = {"prompt": t.spec.prompt, "negative_prompt": t.spec.negative_prompt, "seed": slot.seed,
                       "steps": t.spec.steps, "guidance": t.spec.guidance, "width": t.spec.width,
-                      "height": t.spec.height, "model": pipe.description, "request": t.id}
+                      "height": t.spec.height, "model": pipe.description}
             data = png_bytes(image, record)
             if t.spec.response_format == "path":
                 folder = Path(self.s.output_dir) / time.strftime("%Y-%m-%d", time.gmtime())
@@ -768,6 +771,9 @@ def serve(cfg: Config) -> int:
     from .pipeline import load_pipeline, resolve_dtype
 
     s = cfg.serve
+    # The pipeline thread runs Python between kernels (a lot of it for small models); a 1 ms GIL switch interval
+    # instead of 5 lets the event loop answer health checks and refusals (429) within milliseconds meanwhile.
+    sys.setswitchinterval(0.001)
     checkpoint = _check_inputs(s)
     device = pick_device(s.device)
     dtype = resolve_dtype(s.dtype, device)

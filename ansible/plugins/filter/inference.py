@@ -17,7 +17,8 @@ MAX_PORT = 65535
 # inference_serve_settings may not set them a second time.
 OWN_KNOBS = {
     "host": "the node's cluster address", "port": "inference_base_port", "name": "the worker's name",
-    "device": "the node's GPU count", "pretrained": "inference_model_dir", "request_timeout_s": "inference_request_timeout_s",
+    "device": "the node's GPU count", "pretrained": "inference_model_dir",
+    "request_timeout_s": "inference_request_timeout_s",
     "drain_timeout_s": "inference_drain_timeout_s", "drain_grace_s": "inference_drain_grace_s",
     "max_body_bytes": "inference_max_body_bytes",
 }
@@ -44,23 +45,28 @@ def inference_workers(host, address, gpus, base_port):
     workers = []
     for index in range(max(gpus, 1)):
         port = base_port + index
-        workers.append({"name": f"{host}-{device}{index}", "host": str(host), "address": str(address), "index": index,
-                        "port": port, "device": device, "url": f"http://{address}:{port}"})
+        workers.append({"name": f"{host}-{device}{index}", "host": str(host), "address": str(address),
+                        "index": index, "port": port, "device": device, "url": f"http://{address}:{port}"})
     return workers
 
 
-def inference_serve_config(worker, settings, extra=None):
+def inference_serve_config(worker, settings, extra=None, preset=""):
     """The YAML document (as data) one worker reads: the `serve:` section with the worker's own listen address,
     port, name and device over the role's settings. extra: inference_serve_settings, which may not repeat a key
-    that has its own role variable."""
+    that has its own role variable. preset: the model preset of random weights (section `model:`), if any."""
     extra = dict(extra or {})
     clash = sorted(set(extra) & set(OWN_KNOBS))
     if clash:
-        raise InferenceError("inference_serve_settings sets " + ", ".join(f"{k} (set it with {OWN_KNOBS[k]})" for k in clash))
+        raise InferenceError("inference_serve_settings sets "
+                             + ", ".join(f"{k} (set it with {OWN_KNOBS[k]})" for k in clash))
     serve = {key: value for key, value in dict(settings).items() if value not in (None, "")}
     serve.update(extra)
-    serve.update({"host": worker["address"], "port": worker["port"], "name": worker["name"], "device": worker["device"]})
-    return {"serve": dict(sorted(serve.items()))}
+    serve.update({"host": worker["address"], "port": worker["port"], "name": worker["name"],
+                  "device": worker["device"]})
+    document = {"serve": dict(sorted(serve.items()))}
+    if preset:
+        document["model"] = {"preset": str(preset)}
+    return document
 
 
 def inference_stop_timeout_s(drain_timeout_s, drain_grace_s, margin_s=30):
@@ -122,8 +128,8 @@ def inference_problems(settings):
         if base is not None and gpus is not None:
             last = base + max(gpus, 1) - 1
             if last > MAX_PORT:
-                problems.append(f"{host}: inference_base_port {base} + {max(gpus, 1)} worker(s) runs past port {MAX_PORT}: "
-                                f"lower inference_base_port")
+                problems.append(f"{host}: inference_base_port {base} + {max(gpus, 1)} worker(s) runs past port "
+                                f"{MAX_PORT}: lower inference_base_port")
             taken = sorted(p for p in reserved if base <= p <= last)
             if settings.get("balancer"):
                 balancer_port = settings.get("balancer_port")
@@ -135,11 +141,12 @@ def inference_problems(settings):
                                 f"move inference_base_port")
         model_dir, preset = settings.get("model_dir") or "", settings.get("preset") or ""
         if model_dir and not str(model_dir).startswith("/"):
-            problems.append(f"{host}: inference_model_dir is '{model_dir}': give the absolute path of a diffusers folder "
-                            f"on the shared volume")
+            problems.append(f"{host}: inference_model_dir is '{model_dir}': give the absolute path of a diffusers "
+                            f"folder on the shared volume")
         if not model_dir and not preset:
-            problems.append(f"{host}: neither inference_model_dir (a diffusers folder, e.g. made by `sd3cluster export`) "
-                            f"nor inference_preset (random weights, for tests) is set: the workers would have no model")
+            problems.append(f"{host}: neither inference_model_dir (a diffusers folder, e.g. made by `sd3cluster "
+                            f"export`) nor inference_preset (random weights, for tests) is set: the workers would have "
+                            f"no model")
         clash = sorted(set(settings.get("serve_settings") or {}) & set(OWN_KNOBS))
         for key in clash:
             problems.append(f"{host}: inference_serve_settings sets {key}: set it with {OWN_KNOBS[key]} instead")

@@ -92,7 +92,7 @@ def update(state: WorkerState, ready: bool, error: str, fall: int, rise: int) ->
 
 def render(settings: Settings, states: dict[str, WorkerState]) -> str:
     """nginx's upstream block: every worker, unready ones marked down (nginx answers 502 when all are)."""
-    lines = [f"# Written by sd3_inference_health.py from its probes of /readyz; do not edit (it is rewritten).",
+    lines = ["# Written by sd3_inference_health.py from its probes of /readyz; do not edit (it is rewritten).",
              f"upstream {settings.upstream} {{"]
     for worker in settings.workers:
         state = states.get(worker["name"], WorkerState())
@@ -125,13 +125,15 @@ def write_if_changed(path: str, text: str) -> bool:
     return True
 
 
-def check_once(settings: Settings, states: dict[str, WorkerState], pool: ThreadPoolExecutor) -> bool:
-    """Probe every worker in parallel, update the states, write the block; True when it changed."""
+def check_once(settings: Settings, states: dict[str, WorkerState], pool: ThreadPoolExecutor,
+               write_state: bool = True) -> bool:
+    """Probe every worker in parallel, update the states, write the block (and the state file); True when the
+    block changed."""
     results = pool.map(lambda w: probe(f"http://{w['address']}:{w['port']}", settings.timeout_s), settings.workers)
-    for worker, (ready, error) in zip(settings.workers, results):
+    for worker, (ready, error) in zip(settings.workers, results, strict=True):
         update(states.setdefault(worker["name"], WorkerState()), ready, error, settings.fall, settings.rise)
     changed = write_if_changed(settings.upstream_file, render(settings, states))
-    if settings.state_file:
+    if write_state and settings.state_file:
         write_if_changed(settings.state_file, json.dumps(
             {name: {"up": s.up, "error": s.last_error} for name, s in sorted(states.items())}, indent=1) + "\n")
     return changed
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     states: dict[str, WorkerState] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(settings.workers)))) as pool:
         if args.once:
-            print("changed" if check_once(settings, states, pool) else "unchanged")
+            # The state file lies in the service's runtime folder, which exists only while it runs.
+            print("changed" if check_once(settings, states, pool, write_state=False) else "unchanged")
             return 0
         before: dict[str, bool | None] = {}
         while True:

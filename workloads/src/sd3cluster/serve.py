@@ -214,7 +214,7 @@ class Metrics:
         r = self.registry
         self.requests = Counter("sd3_serve_requests", "HTTP requests by route and status code",
                                 ["route", "code"], registry=r)
-        self.duration = Histogram("sd3_serve_request_duration_seconds", "Request latency, arrival to answer",
+        self.duration = Histogram("sd3_serve_request_duration_seconds", "Latency of answered (2xx) requests",
                                   ["route"], buckets=latency, registry=r)
         self.queue_depth = Gauge("sd3_serve_queue_depth", "Images accepted and not yet started", registry=r)
         self.queue_capacity = Gauge("sd3_serve_queue_capacity", "Images the queue holds at most", registry=r)
@@ -634,7 +634,8 @@ class BodyLimit:
         metrics = self.engine.metrics
         if metrics is not None and code_seen:
             metrics.requests.labels(route, str(code_seen[0])).inc()
-            if route not in ("/metrics", "/healthz", "/readyz"):
+            # Latency of work done: refusals (429 in a millisecond) would make a p99 alert look better than it is.
+            if route not in ("/metrics", "/healthz", "/readyz") and code_seen[0] < 400:
                 metrics.duration.labels(route).observe(time.monotonic() - started)
 
 

@@ -7,6 +7,7 @@ Both run in processes of their own, one after the other, in one call (SD3-medium
 2. the service: `sd3cluster serve --compile --max-batch B` (its warm-up compiles every batch size), then
    a. saturation: --saturation-requests single-image requests sent at 4/s, far above capacity; the images/s it
       completes (after the first answer, to leave out the pipeline filling) is the maximum sustainable rate;
+   0. five lone requests one after the other: the latency of an idle worker;
    b. open loop at --load-fraction (0.75) of that rate for --requests requests: p50/p99 latency and errors.
 Loopback only; every run is bounded in count and time.
 
@@ -86,6 +87,9 @@ def serving(args: argparse.Namespace, work: Path) -> dict:
     body = {"prompt": PROMPT, "size": args.size, "steps": args.steps, "guidance": 7.0}
     try:
         ready_s = _wait_ready(url, proc, 600)
+        # The latency of a lone request (an idle worker, batch 1): the floor of any percentile under load.
+        idle = [open_loop(url, body, rate=1.0, count=1, timeout_s=300)[0] for _ in range(5)]
+        idle_s = sorted(a.seconds for a in idle if a.code == 200)
         sat = open_loop(url, body, rate=4.0, count=args.saturation_requests, timeout_s=300)
         ok = sorted(a.sent + a.seconds for a in sat if a.code == 200)
         # Completions per second once the pipeline is busy: (images after the first) / (last - first answer).
@@ -105,7 +109,8 @@ def serving(args: argparse.Namespace, work: Path) -> dict:
         log.close()
     batch_lines = [x for x in metrics.splitlines() if x.startswith("sd3_serve_batch_size_") or
                    x.startswith("sd3_serve_stage_seconds_sum") or x.startswith("sd3_serve_stage_seconds_count")]
-    return {"ready_s": ready_s, "saturation": summarize(sat, 4.0), "max_rate": max_rate, "load": report,
+    return {"ready_s": ready_s, "idle_latency_s": idle_s, "saturation": summarize(sat, 4.0), "max_rate": max_rate,
+            "load": report,
             "metrics": batch_lines, "serve_log_tail": (work / "serve.log").read_text().splitlines()[-8:]}
 
 
@@ -139,7 +144,8 @@ def main() -> int:
                              "batching_ge_0.9_offline": result.get("served_over_offline", 0) >= 0.9}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "serve"} | {
-        "max_rate": result["serve"]["max_rate"], "load": load, "ready_s": result["serve"]["ready_s"]}, indent=1))
+        "max_rate": result["serve"]["max_rate"], "load": load, "ready_s": result["serve"]["ready_s"],
+        "idle_latency_s": result["serve"]["idle_latency_s"]}, indent=1))
     return 0
 
 

@@ -23,8 +23,8 @@ def canonical(name: str) -> str:
 def read_pins(text: str) -> dict[str, str]:
     """requirements.txt lines of the form name==version (extras dropped), by canonical name."""
     pins: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
         match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;]+)$", line)
         if match:
             pins[canonical(match.group(1))] = f"{match.group(1)}=={match.group(3)}"

@@ -1,4 +1,5 @@
-"""The `sd3cluster` command: prepare | train | verify | bench | export | generate, on one validated configuration."""
+"""The `sd3cluster` command: prepare | train | verify | bench | export | generate | serve, on one validated
+configuration."""
 
 from __future__ import annotations
 
@@ -66,6 +67,18 @@ SHORTCUTS: dict[str, list[tuple[str, ...]]] = {
                  ("--compile", "generate.compile", "torch.compile each transformer block", "switch"),
                  ("--cfg-parallel", "generate.cfg_parallel", "guided passes on two ranks (even rank count)",
                   "switch")],
+    "serve": [("--host", "serve.host", "address to listen on"),
+              ("--port", "serve.port", "port (default 5000)"),
+              ("--pretrained", "serve.pretrained", "local diffusers SD3 folder"),
+              ("--checkpoint", "serve.checkpoint", "training checkpoint (the transformer comes from it)"),
+              ("--step", "serve.step", "checkpoint step (default: newest complete)"),
+              ("--preset", "model.preset", "random-weight model of this preset when no weights are given"),
+              ("--device", "serve.device", "auto | cpu | cuda (CUDA_VISIBLE_DEVICES picks the GPU)"),
+              ("--dtype", "serve.dtype", "auto | bf16 | fp16 | fp32"),
+              ("--output-dir", "serve.output_dir", "folder of response_format=path images"),
+              ("--max-batch", "serve.max_batch", "images per forward pass"),
+              ("--ema", "serve.ema", "the checkpoint's EMA weights", "switch"),
+              ("--compile", "serve.compile", "torch.compile each transformer block and the VAE decoder", "switch")],
 }
 
 
@@ -77,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
              "verify": "checks with numbers and a verdict; non-zero exit on any failure",
              "bench": "training-step throughput and MFU of model variants",
              "export": "training checkpoint -> diffusers folder (transformer, or a whole pipeline with --base)",
-             "generate": "prompt file -> PNG images and manifest.jsonl (torchrun: one process per GPU)"}
+             "generate": "prompt file -> PNG images and manifest.jsonl (torchrun: one process per GPU)",
+             "serve": "HTTP image service of one GPU (POST /v1/images/generations, /v1/jobs, /metrics)"}
     for name, shortcuts in SHORTCUTS.items():
         p = sub.add_parser(name, help=helps[name])
         p.add_argument("--config", help="YAML file with any of the sections model/data/flow/optim/train/...")
@@ -126,6 +140,11 @@ def _run(args: argparse.Namespace, cfg: Config) -> int:
         print(cfg.pretty(), flush=True)
         run_bench(cfg)
         return 0
+    if args.command == "serve":
+        from .serve import serve
+
+        _quiet_libraries()
+        return serve(cfg)
     if args.command == "export":
         from .export import export
 

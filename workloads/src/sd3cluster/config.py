@@ -189,6 +189,66 @@ class GenerateConfig(_Section):
         return self
 
 
+class ServeConfig(_Section):
+    """`sd3cluster serve`: one process per GPU (CUDA_VISIBLE_DEVICES picks it), behind a balancer."""
+
+    host: str = Field("127.0.0.1", description="address to listen on (the node's cluster address on a cluster)")
+    port: int = Field(5000, ge=1, le=65535)
+    name: str = Field("", description="worker label in logs and the /readyz answer (default: host:port)")
+    pretrained: Path | None = Field(None, description="local diffusers SD3 folder (a whole pipeline)")
+    checkpoint: Path | None = Field(None, description="training checkpoint (DCP) to take the transformer from")
+    step: int | Literal["latest"] = "latest"
+    ema: bool = Field(False, description="the checkpoint's EMA weights")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compile: bool = Field(False, description="torch.compile each transformer block and the VAE decoder (GPU)")
+    warmup: bool = Field(True, description="one generation at the default size before /readyz says ready "
+                         "(with compile: the compilation happens there, not in a user's request)")
+    max_sequence_length: int = Field(77, ge=1, le=512, description="T5 tokens (77: 154 text tokens in all)")
+    max_batch: int = Field(4, ge=1, le=64, description="images per forward pass: requests of one size, steps and "
+                           "guidance share it")
+    max_wait_ms: float = Field(25.0, ge=0, le=10000, description="how long the first queued image waits for "
+                               "others to share its batch")
+    queue_size: int = Field(32, ge=1, description="images accepted but not yet started; more: 429 with Retry-After")
+    request_timeout_s: float = Field(300.0, gt=0, description="deadline of a request from its arrival: 504 after "
+                                     "it, and its work is dropped")
+    drain_timeout_s: float = Field(600.0, gt=0, description="SIGTERM: at most this long to finish accepted work")
+    drain_grace_s: float = Field(5.0, ge=0, description="SIGTERM: /readyz answers 503 at least this long before the "
+                                 "listener closes, so balancers take the worker out first")
+    job_ttl_s: float = Field(3600.0, gt=0, description="how long a finished /v1/jobs result is kept")
+    output_dir: Path | None = Field(None, description="folder for response_format=path (the shared volume); "
+                                    "unset: only b64_json")
+    png_compress_level: int = Field(1, ge=0, le=9, description="zlib level of answered PNGs: 1 is several times "
+                                    "faster than PNG's usual 6 for slightly larger files")
+    default_steps: int = Field(28, ge=1, le=1000)
+    max_steps: int = Field(100, ge=1, le=1000)
+    default_guidance: float = Field(7.0, ge=0, le=100)
+    max_guidance: float = Field(30.0, ge=0, le=100)
+    default_size: int = Field(1024, ge=16, le=8192, description="side of a square image when the request gives none")
+    min_side: int = Field(256, ge=16, le=8192)
+    max_side: int = Field(2048, ge=16, le=8192)
+    max_pixels: int = Field(2048 * 2048, ge=256, description="width x height at most")
+    max_n: int = Field(4, ge=1, le=64, description="images per request at most")
+    max_prompt_chars: int = Field(2000, ge=1)
+    max_body_bytes: int = Field(65536, ge=1024)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServeConfig:
+        for name in ("default_size", "min_side", "max_side"):
+            if getattr(self, name) % 16:
+                raise ValueError(f"{name} must be a multiple of 16 (VAE factor 8 x patch 2), got {getattr(self, name)}")
+        if not self.min_side <= self.default_size <= self.max_side:
+            raise ValueError(f"default_size {self.default_size} must lie within min_side {self.min_side} and "
+                             f"max_side {self.max_side}")
+        if self.default_size ** 2 > self.max_pixels:
+            raise ValueError(f"default_size {self.default_size}^2 exceeds max_pixels {self.max_pixels}")
+        if self.default_steps > self.max_steps:
+            raise ValueError(f"default_steps {self.default_steps} exceeds max_steps {self.max_steps}")
+        if self.default_guidance > self.max_guidance:
+            raise ValueError(f"default_guidance {self.default_guidance} exceeds max_guidance {self.max_guidance}")
+        return self
+
+
 class BenchConfig(_Section):
     steps: int = Field(10, ge=1)
     warmup: int = Field(3, ge=1)
@@ -209,6 +269,7 @@ class Config(_Section):
     preview: PreviewConfig = PreviewConfig()
     export: ExportConfig = ExportConfig()
     generate: GenerateConfig = GenerateConfig()
+    serve: ServeConfig = ServeConfig()
     bench: BenchConfig = BenchConfig()
 
     def pretty(self) -> str:

@@ -47,11 +47,8 @@ def shared_store_warning(env: dict[str, str]) -> str | None:
     return None
 
 
-def init_runtime(device: str = "auto", timeout_s: int = 600) -> Runtime:
-    """Join the process group torchrun (c10d rendezvous) or srun set up; a lone process runs undistributed."""
-    rank = _env_int("RANK", "SLURM_PROCID", default=0)
-    world = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1)
-    local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
+def pick_device(device: str, index: int = 0) -> torch.device:
+    """auto | cpu | cuda -> the device (cuda:index, made current); UserError when CUDA is asked for and absent."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
@@ -59,9 +56,18 @@ def init_runtime(device: str = "auto", timeout_s: int = 600) -> Runtime:
 
         raise UserError("device cuda was asked for, but torch sees no CUDA device here (CPU-only torch build, no "
                         "driver, or CUDA_VISIBLE_DEVICES hides them); use --device cpu or auto")
-    dev = torch.device(f"cuda:{local_rank}") if device == "cuda" else torch.device("cpu")
+    dev = torch.device(f"cuda:{index}") if device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    return dev
+
+
+def init_runtime(device: str = "auto", timeout_s: int = 600) -> Runtime:
+    """Join the process group torchrun (c10d rendezvous) or srun set up; a lone process runs undistributed."""
+    rank = _env_int("RANK", "SLURM_PROCID", default=0)
+    world = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1)
+    local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
+    dev = pick_device(device, local_rank)
     launched = "RANK" in os.environ or ("SLURM_PROCID" in os.environ and world > 1)
     if launched and not dist.is_initialized():
         warning = shared_store_warning(dict(os.environ))

@@ -13,6 +13,7 @@ generate.json; a rerun into the same folder with other settings is refused with 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import time
@@ -178,18 +179,29 @@ def check_out(out: Path | None) -> Path:
     return out
 
 
-def write_png(image: np.ndarray, path: Path, record: dict[str, Any]) -> None:
-    """Atomic: temporary name, fsync, rename. The record (prompt, seed, ...) travels in a PNG text chunk."""
+def png_bytes(image: np.ndarray, record: dict[str, Any], compress_level: int = 6) -> bytes:
+    """A PNG of a uint8 RGB image; the record (prompt, seed, ...) travels in its `sd3cluster` text chunk."""
     from PIL import Image, PngImagePlugin
 
     info = PngImagePlugin.PngInfo()
     info.add_text("sd3cluster", json.dumps(record, sort_keys=True))
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG", pnginfo=info, compress_level=compress_level)
+    return buffer.getvalue()
+
+
+def write_file_atomic(data: bytes, path: Path) -> None:
+    """Temporary name, fsync, rename: a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        Image.fromarray(image).save(f, format="PNG", pnginfo=info)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_png(image: np.ndarray, path: Path, record: dict[str, Any]) -> None:
+    write_file_atomic(png_bytes(image, record), path)
 
 
 def item_record(item: WorkItem, g: GenerateConfig, model: str) -> dict[str, Any]:

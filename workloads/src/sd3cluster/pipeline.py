@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,10 @@ class StageTimes:
     denoise: float = 0.0
     decode: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+class Stopped(Exception):
+    """Denoising was abandoned because nobody waits for its result any more."""
 
 
 @dataclass
@@ -134,9 +139,11 @@ class SD3Pipeline:
 
     @torch.no_grad()
     def denoise(self, latents: torch.Tensor, cond: Conditioning, steps: int, guidance: float,
-                cfg_pair: CfgPair | None = None) -> torch.Tensor:
+                cfg_pair: CfgPair | None = None, should_stop: Callable[[], bool] | None = None) -> torch.Tensor:
         """Flow-matching Euler steps; with guidance > 1 the unconditional and conditional predictions are
-        batched into one pass (or split over the two ranks of `cfg_pair`) and mixed as uncond + g (cond - uncond)."""
+        batched into one pass (or split over the two ranks of `cfg_pair`) and mixed as uncond + g (cond - uncond).
+        `should_stop` is asked before each step (the service: every request of the batch was cancelled or timed
+        out); when it says yes, Stopped is raised and the rest of the work is dropped."""
         import torch.distributed as dist
 
         guided = guidance > 1.0
@@ -147,6 +154,8 @@ class SD3Pipeline:
             both_embeds = torch.cat([cond.negative_embeds, cond.embeds])
             both_pooled = torch.cat([cond.negative_pooled, cond.pooled])
         for t in scheduler.timesteps:
+            if should_stop is not None and should_stop():
+                raise Stopped()
             if not guided:
                 velocity = self._predict(latents, t, cond.embeds, cond.pooled).float()
             else:

@@ -1,13 +1,18 @@
 """The sd3cluster image (workloads/Containerfile): static checks (no builder), then a build on the local node
-image and `sd3cluster` run from it with podman (marker `container`, `make container`; about 70 s cold, 15 s
-with the layers cached)."""
+image and `sd3cluster` run from it with podman: --help, generate, and serve answering on a loopback port
+(marker `container`, `make container`)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -141,7 +146,7 @@ def image() -> str:
 @pytest.mark.container
 def test_image_runs_sd3cluster_as_its_user(image):
     help_text = _podman("run", "--rm", "--network", "none", image, "--help").stdout
-    for command in ("train", "generate", "export"):
+    for command in ("train", "generate", "export", "serve"):
         assert command in help_text
     uid = _podman("run", "--rm", "--network", "none", "--entrypoint", "id", image, "-u").stdout.strip()
     assert uid == "10001"
@@ -162,3 +167,63 @@ def test_image_generates_images_offline(image, tmp_path):
     pngs = sorted((data / "out" / "images").glob("*.png"))
     assert len(pngs) == 2 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert len((data / "out" / "manifest.jsonl").read_text().splitlines()) == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _logs(name: str) -> str:
+    logs = _podman("logs", name, check=False)
+    return (logs.stdout + logs.stderr)[-3000:]
+
+
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 10) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+@pytest.mark.container
+def test_image_serves_from_its_default_config_and_drains_on_stop(image):
+    """The image's serve config (0.0.0.0:5000) published on a loopback port only; SIGTERM (podman stop) drains."""
+    port = _free_port()
+    name = f"sd3cluster-image-test-{os.getpid()}"
+    _podman("run", "-d", "--name", name, "--label", "io.sd3-cluster.role=image-test",
+            "-p", f"127.0.0.1:{port}:5000", image,
+            "serve", "--config", IMAGE_CONFIG_PATH, "--preset", "tiny", "--device", "cpu",
+            "--set", "serve.default_size=256", "--set", "serve.default_steps=2")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        status = 0
+        while time.monotonic() < deadline:
+            status, _ = _http("GET", f"{base}/readyz", timeout=5)
+            if status == 200:
+                break
+            assert _podman("inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true", _logs(name)
+            time.sleep(1)
+        assert status == 200, f"/readyz still {status} after 180 s:\n{_logs(name)}"
+        assert _http("GET", f"{base}/healthz")[0] == 200
+        status, body = _http("POST", f"{base}/v1/images/generations",
+                             {"prompt": "a red cube", "size": 256, "steps": 2, "seed": 7}, timeout=120)
+        assert status == 200, body[:500]
+        answer = json.loads(body)
+        (image_data,) = answer["data"]
+        assert base64.b64decode(image_data["b64_json"])[:8] == b"\x89PNG\r\n\x1a\n"
+        assert answer["seed"] == 7
+        metrics = _http("GET", f"{base}/metrics")[1].decode()
+        assert "sd3_serve_queue_depth" in metrics
+        _podman("stop", "-t", "60", name, timeout=90)
+        state = _podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+        assert state == "0", f"serve exited {state} on SIGTERM:\n{_logs(name)}"
+    finally:
+        _podman("rm", "-f", "-t", "0", name, check=False)

@@ -4,6 +4,11 @@ contract of `sd3cluster serve` (one GPU, probes, drain, read-only weights); sett
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import jsonschema
 import kubernetes_validate
 import pulumi
@@ -12,8 +17,9 @@ import yaml
 from sd3_crd_schemas import SCHEMAS
 from sd3_k8s import serving as manifests
 from sd3_k8s.config import ConfigError, load_config, parse_config
+from sd3_k8s.serving_config import SERVE_SETTINGS, STACK_OWNED_SETTINGS
 from sd3_k8s.stack import build
-from sd3_pulumi_testing import K8S_VALUES, declare, integral
+from sd3_pulumi_testing import K8S_VALUES, REPO, declare, integral
 
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -237,7 +243,8 @@ BAD_SERVING = [
     ({"settings": {"max_batch": "8"}}, "serving.settings.max_batch is '8': give a int"),
     ({"settings": {"compile": 1}}, "serving.settings.compile is 1: give a bool"),
     ({"settings": {"port": 8000}}, "serving.settings.port is set by the stack"),
-    ({"settings": {"drain_timeout_s": -1}}, "drain_timeout_s is -1: give 0 or more"),
+    ({"settings": {"drain_timeout_s": 0}}, "drain_timeout_s is 0: give more than 0"),
+    ({"settings": {"drain_grace_s": -1}}, "drain_grace_s is -1: give 0 or more"),
     ({"cpuWorkers": {"replicas": 2}}, "serving.cpuWorkers.args is missing"),
     ({"cpuWorkers": {"args": ["x"], "port": 80}}, "serving.cpuWorkers.port is 80"),
     ({"cpuWorkers": {"args": ["x"], "replica": 2}}, "'replica' (did you mean 'replicas'?)"),
@@ -282,3 +289,12 @@ def test_load_config_refuses_a_key_set_in_the_stack_but_unknown(pulumi_mocks):
         assert config.serving is not None and config.serving.max_replicas == 3
     finally:
         pulumi.runtime.set_all_config(saved)
+
+
+def test_serve_settings_are_those_of_the_serve_command():
+    """The stack's list of `serve:` keys against the package's own config (this repository's workloads/src)."""
+    code = "import json; from sd3cluster.config import ServeConfig; print(json.dumps(list(ServeConfig.model_fields)))"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workloads" / "src")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                            check=True)
+    assert set(json.loads(result.stdout)) == set(SERVE_SETTINGS) | set(STACK_OWNED_SETTINGS)

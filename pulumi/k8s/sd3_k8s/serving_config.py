@@ -25,6 +25,7 @@ SERVE_SETTINGS: dict[str, type | tuple[type, ...]] = {
     "default_steps": int, "max_steps": int, "default_guidance": (int, float), "max_guidance": (int, float),
     "default_size": int, "min_side": int, "max_side": int, "max_pixels": int, "max_n": int,
     "max_prompt_chars": int, "max_body_bytes": int, "max_sequence_length": int, "job_ttl_s": (int, float),
+    "png_compress_level": int,
 }
 STACK_OWNED_SETTINGS = ("host", "port", "device", "pretrained", "name")
 # `sd3cluster serve`'s own defaults of the two settings the pods' termination time is made from.
@@ -136,9 +137,10 @@ def _serve_settings(raw: Any) -> dict[str, Any]:
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             names = " or ".join(t.__name__ for t in types)
             raise ConfigError(f"{where}.{name} is {value!r}: give a {names}")
-    for name in ("drain_timeout_s", "drain_grace_s"):
-        if name in raw and raw[name] < 0:
-            raise ConfigError(f"{where}.{name} is {raw[name]}: give 0 or more seconds")
+    if "drain_timeout_s" in raw and raw["drain_timeout_s"] <= 0:
+        raise ConfigError(f"{where}.drain_timeout_s is {raw['drain_timeout_s']}: give more than 0 seconds")
+    if "drain_grace_s" in raw and raw["drain_grace_s"] < 0:
+        raise ConfigError(f"{where}.drain_grace_s is {raw['drain_grace_s']}: give 0 or more seconds")
     return dict(raw)
 
 

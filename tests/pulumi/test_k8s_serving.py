@@ -298,3 +298,17 @@ def test_serve_settings_are_those_of_the_serve_command():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                             check=True)
     assert set(json.loads(result.stdout)) == set(SERVE_SETTINGS) | set(STACK_OWNED_SETTINGS)
+
+
+def test_the_example_stack_sets_every_key_and_is_valid():
+    """Pulumi.example.yaml is the settings' manual: it shows every key, and what it shows is accepted."""
+    from sd3_k8s.config import CONFIG_KEYS
+    from sd3_k8s.serving_config import CPU_WORKER_KEYS, SERVING_KEYS
+
+    example = yaml.safe_load((REPO / "pulumi" / "k8s" / "Pulumi.example.yaml").read_text())["config"]
+    values = {name.split(":", 1)[1]: value for name, value in example.items() if name.startswith("sd3-cluster-k8s:")}
+    assert set(values) == set(CONFIG_KEYS)
+    assert set(values["serving"]) == set(SERVING_KEYS)
+    assert set(values["serving"]["cpuWorkers"]) == set(CPU_WORKER_KEYS)
+    config = parse_config(values)
+    assert config.serving is not None and config.serving.cpu_workers is not None

@@ -21,8 +21,8 @@ MOLECULE_JOBS ?= 2
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 PLAYBOOKS := site.yml $(wildcard ansible/playbooks/*.yml)
 
-.PHONY: help host-prereqs venv image cluster-up cluster-down cluster-status demo \
-        test test-full lint syntax unit tools molecule e2e e2e-full clean
+.PHONY: help host-prereqs venv image workloads-image cluster-up cluster-down cluster-status demo \
+        test test-full lint syntax unit tools container molecule e2e e2e-full clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ venv: $(VENV)/.stamp ## Make the project virtualenv from requirements.txt
 image: host-prereqs ## Build the node image (once per recipe)
 	@bash localcluster/node-image.sh
 
+workloads-image: image ## Build the sd3cluster image (workloads/Containerfile) on the node image, offline-friendly
+	@bash workloads/container/build-local.sh
+
 cluster-up: host-prereqs venv ## Start NODES podman nodes (default 3) and write inventories/local
 	@$(PY) localcluster/cluster.py up --nodes $(NODES)
 
@@ -61,15 +64,17 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 CI_SCENARIOS ?= preflight base network monitoring storage storage_nfs slurm gpu_stack backup inference
 
 test: host-prereqs venv lint unit ## Everything CI runs
+	@$(MAKE) --no-print-directory container
 	@$(MAKE) --no-print-directory molecule SCENARIOS="$(CI_SCENARIOS)"
 	@$(MAKE) --no-print-directory e2e
 
-test-full: host-prereqs venv lint unit molecule e2e e2e-full ## Every scenario and the whole cluster end to end
+test-full: host-prereqs venv lint unit container molecule e2e e2e-full ## Every scenario and the whole cluster end to end
 
 lint: venv syntax ## yamllint (strict), ansible-lint (production), ruff
 	@echo "[lint] yamllint"; $(BIN)/yamllint -s .
 	@echo "[lint] ansible-lint"; $(BIN)/ansible-lint -q --profile production
 	@echo "[lint] ruff"; $(BIN)/ruff check .
+	@echo "[lint] hadolint"; $(BIN)/hadolint workloads/Containerfile
 
 syntax: venv ## ansible-playbook --syntax-check of every playbook
 	@for p in $(PLAYBOOKS); do $(BIN)/ansible-playbook -i localhost, --syntax-check $$p >/dev/null \
@@ -82,8 +87,11 @@ $(TOOLS)/bin/promtool: localcluster/promtool.sh
 
 unit: venv tools ## pytest: workloads, pulumi, inventory and preflight checks (no containers)
 	@# Two processes: tests that import Ansible's module code patch sys.intern, which torch's compiler rejects.
-	@$(BIN)/pytest -q -m "not cluster" --ignore=tests/workloads tests
-	@$(BIN)/pytest -q -m "not cluster" tests/workloads
+	@$(BIN)/pytest -q -m "not cluster and not container" --ignore=tests/workloads tests
+	@$(BIN)/pytest -q -m "not cluster and not container" tests/workloads
+
+container: image venv ## Build the sd3cluster image on the node image; run --help, generate and serve from it
+	@$(BIN)/pytest -q -m container tests/container
 
 molecule: venv ## Every molecule scenario on podman nodes (create, converge, idempotence, verify)
 	@$(PY) localcluster/cluster.py cache-up

@@ -214,6 +214,7 @@ HTTP_BAD = [
 def test_bad_requests_get_422_naming_the_field_and_never_reach_the_model(server: Server):
     images = server.metric("sd3_serve_images_total")
     waits = server.metric("sd3_serve_queue_wait_seconds_count")
+    answered = server.metric('sd3_serve_request_duration_seconds_count{route="/v1/images/generations"}')
     assert len(HTTP_BAD) >= 12
     for body, field in HTTP_BAD:
         code, answer, _ = server.post("/v1/images/generations", body)
@@ -227,6 +228,7 @@ def test_bad_requests_get_422_naming_the_field_and_never_reach_the_model(server:
     assert code == 422 and answer["detail"][0]["loc"][-1] == "steps"
     assert server.metric("sd3_serve_images_total") == images
     assert server.metric("sd3_serve_queue_wait_seconds_count") == waits
+    assert server.metric('sd3_serve_request_duration_seconds_count{route="/v1/images/generations"}') == answered
     assert server.metric('sd3_serve_requests_total{code="422",route="/v1/images/generations"}') >= len(HTTP_BAD)
 
 

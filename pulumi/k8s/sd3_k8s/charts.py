@@ -60,3 +60,12 @@ def dcgm_exporter_values(config: K8sStackConfig) -> dict[str, Any]:
     if config.node_selector:
         values["nodeSelector"] = dict(config.node_selector)
     return values
+
+
+KEDA = Chart("keda", "keda", "https://kedacore.github.io/charts", "keda")
+
+
+def keda_values(config: K8sStackConfig) -> dict[str, Any]:
+    """KEDA's own metrics (scaler errors, the values it read) go to the monitoring layer's Prometheus, if any."""
+    scraped = {"enabled": config.monitoring, "serviceMonitor": {"enabled": config.monitoring}}
+    return {"prometheus": {"operator": dict(scraped), "metricServer": dict(scraped)}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import charts, manifests
+from . import charts, manifests, serving
 from .config import K8sStackConfig
 
 
@@ -95,3 +95,70 @@ class Monitoring(pulumi.ComponentResource):
                                       charts.dcgm_exporter_values(config), self,
                                       depends_on=[self.prometheus, *depends_on])
         self.register_outputs({"prometheus": self.prometheus.status, "dcgm_exporter": self.dcgm_exporter.status})
+
+
+class Autoscaler(pulumi.ComponentResource):
+    """KEDA: scales the serving Deployment on the queue depth Prometheus reads from its pods."""
+
+    def __init__(self, name: str, config: K8sStackConfig, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:Autoscaler", name, None, opts)
+        self.release = _release(f"{name}-release", charts.KEDA, config.charts.keda, charts.keda_values(config), self)
+        self.register_outputs({"status": self.release.status})
+
+
+class Serving(pulumi.ComponentResource):
+    """`sd3cluster serve` on GPU nodes (one GPU a pod) behind a Service, its config, disruption budget, metrics
+    scrape and autoscaling; and CPU-only pods on the CPU pool when the settings ask for them."""
+
+    def __init__(self, name: str, config: K8sStackConfig, namespace: k8s.core.v1.Namespace,
+                 depends_on: list[pulumi.Resource], autoscaler: pulumi.Resource | None = None,
+                 monitoring: pulumi.Resource | None = None, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:Serving", name, None, opts)
+        settings = config.serving
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
+        config_map = serving.serve_config_map(config)
+        self.config_map = k8s.core.v1.ConfigMap(f"{name}-config", metadata=config_map["metadata"],
+                                                data=config_map["data"], opts=in_namespace)
+        deployment = serving.serve_deployment(config)
+        self.deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment", metadata=deployment["metadata"], spec=deployment["spec"],
+            # Pods wait minutes for weights and warm-up: Pulumi does not wait for them to be ready. With
+            # autoscaling, the replica count belongs to the HPA.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace, self.config_map, *depends_on],
+                                        ignore_changes=["spec.replicas"] if settings.autoscaling else None))
+        service = serving.serve_service(config)
+        self.service = k8s.core.v1.Service(f"{name}-service", metadata=service["metadata"], spec=service["spec"],
+                                           opts=in_namespace)
+        budget = serving.serve_disruption_budget(config)
+        self.budget = k8s.policy.v1.PodDisruptionBudget(f"{name}-pdb", metadata=budget["metadata"],
+                                                        spec=budget["spec"], opts=in_namespace)
+        outputs: dict[str, object] = {"service": settings.name, "url": self.url(config)}
+        if monitoring is not None:
+            monitor = serving.pod_monitor(config)
+            self.pod_monitor = k8s.apiextensions.CustomResource(
+                f"{name}-metrics", api_version=monitor["apiVersion"], kind=monitor["kind"],
+                metadata=monitor["metadata"], spec=monitor["spec"],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace, monitoring]))
+        if settings.autoscaling:
+            scaled = serving.scaled_object(config)
+            self.scaled_object = k8s.apiextensions.CustomResource(
+                f"{name}-autoscaling", api_version=scaled["apiVersion"], kind=scaled["kind"],
+                metadata=scaled["metadata"], spec=scaled["spec"],
+                opts=pulumi.ResourceOptions(
+                    parent=self, depends_on=[namespace, self.deployment, *([autoscaler] if autoscaler else [])]))
+            outputs["autoscaling"] = serving.queue_depth_query(config)
+        if settings.cpu_workers is not None:
+            workers = serving.cpu_workers_deployment(config)
+            self.cpu_workers = k8s.apps.v1.Deployment(f"{name}-cpu-workers", metadata=workers["metadata"],
+                                                      spec=workers["spec"], opts=in_namespace)
+            if settings.cpu_workers.port:
+                workers_service = serving.cpu_workers_service(config)
+                self.cpu_workers_service = k8s.core.v1.Service(
+                    f"{name}-cpu-workers-service", metadata=workers_service["metadata"],
+                    spec=workers_service["spec"], opts=in_namespace)
+        self.register_outputs(outputs)
+
+    @staticmethod
+    def url(config: K8sStackConfig) -> str:
+        settings = config.serving
+        return f"http://{settings.name}.{config.namespace}.svc:{settings.service_port}"

@@ -7,14 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+from .serving_config import ServingConfig, parse_serving
+from .settings import ConfigError, refuse_unknown_keys
+from .settings import boolean as _bool
+from .settings import integer as _int
+from .settings import key as _key
+from .settings import label as _label
+
+__all__ = ["ConfigError", "K8sStackConfig", "load_config", "parse_config"]
+
 _RESOURCE_NAME = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")
 MAX_NODES = 64
 MAX_GPUS_PER_NODE = 16
-
-
-class ConfigError(ValueError):
-    """A stack setting is wrong; the message names the key and the fix."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,7 @@ class ChartVersions:
     volcano: str = "1.12.2"
     dcgm_exporter: str = "4.4.1"
     kube_prometheus_stack: str = "77.0.0"
+    keda: str = "2.17.2"
 
 
 @dataclass(frozen=True)
@@ -50,46 +55,16 @@ class K8sStackConfig:
     gpu_operator_toolkit: bool = True
     monitoring: bool = True
     charts: ChartVersions = field(default_factory=ChartVersions)
+    serving: ServingConfig | None = None
 
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
 
-def _key(name: str) -> str:
-    return f"sd3-cluster-k8s:{name}"
-
-
-def _int(values: Mapping[str, Any], name: str, default: int | None) -> int | None:
-    raw = values.get(name, default)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{_key(name)} is '{raw}', not a whole number: set it with `pulumi config set {name} N`") from None
-
-
-def _bool(values: Mapping[str, Any], name: str, default: bool) -> bool:
-    raw = values.get(name, default)
-    if isinstance(raw, bool):
-        return raw
-    if str(raw).lower() in ("true", "false"):
-        return str(raw).lower() == "true"
-    raise ConfigError(f"{_key(name)} is '{raw}': use true or false")
-
-
-def _label(values: Mapping[str, Any], name: str, default: str) -> str:
-    value = str(values.get(name, default))
-    if not _DNS_LABEL.match(value) or len(value) > 40:
-        raise ConfigError(f"{_key(name)} is '{value}': use up to 40 lower-case letters, digits and dashes "
-                          "(a Kubernetes name; pods are named after it)")
-    return value
-
-
 def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
     """Validate the stack's settings (keys as in Pulumi.<stack>.yaml, without the project prefix)."""
+    refuse_unknown_keys(values, CONFIG_KEYS, "the stack configuration (sd3-cluster-k8s:*)")
     image = str(values.get("image") or "")
     if not image or " " in image:
         raise ConfigError(f"{_key('image')} is missing: set the training image, one with the sd3cluster package "
@@ -145,13 +120,20 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
         volcano=str(values.get("volcanoVersion", defaults.volcano)),
         dcgm_exporter=str(values.get("dcgmExporterVersion", defaults.dcgm_exporter)),
         kube_prometheus_stack=str(values.get("kubePrometheusStackVersion", defaults.kube_prometheus_stack)),
+        keda=str(values.get("kedaVersion", defaults.keda)),
     )
     cpu = values.get("cpuPerNode")
+    job_name = _label(values, "jobName", "sd3-train")
+    monitoring = _bool(values, "monitoring", True)
+    serving = None
+    if values.get("serving") is not None:
+        serving = parse_serving(values["serving"], default_image=image, default_claim=f"{job_name}-shared",
+                                monitoring=monitoring)
     return K8sStackConfig(
         image=image,
         storage_class=storage_class,
         namespace=_label(values, "namespace", "sd3"),
-        job_name=_label(values, "jobName", "sd3-train"),
+        job_name=job_name,
         nodes=nodes,
         gpus_per_node=gpus,
         train_config=train_config,
@@ -168,8 +150,9 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
         gpu_operator=_bool(values, "gpuOperator", True),
         gpu_operator_driver=_bool(values, "gpuOperatorDriver", True),
         gpu_operator_toolkit=_bool(values, "gpuOperatorToolkit", True),
-        monitoring=_bool(values, "monitoring", True),
+        monitoring=monitoring,
         charts=charts,
+        serving=serving,
     )
 
 
@@ -177,8 +160,10 @@ CONFIG_KEYS = (
     "image", "storageClassName", "namespace", "jobName", "nodes", "gpusPerNode", "trainConfig", "sharedStorageGi",
     "shmGi", "cpuPerNode", "memoryGiPerNode", "rdmaResource", "rdmaPerNode", "rendezvousPort", "maxRetry", "queue",
     "nodeSelector", "gpuOperator", "gpuOperatorDriver", "gpuOperatorToolkit", "monitoring", "gpuOperatorVersion",
-    "volcanoVersion", "dcgmExporterVersion", "kubePrometheusStackVersion",
+    "volcanoVersion", "dcgmExporterVersion", "kubePrometheusStackVersion", "kedaVersion", "serving",
 )
+# Settings that are maps or lists (`pulumi config set --path`, or YAML in Pulumi.<stack>.yaml).
+STRUCTURED_KEYS = ("nodeSelector", "serving")
 
 
 def load_config() -> K8sStackConfig:
@@ -188,7 +173,13 @@ def load_config() -> K8sStackConfig:
     config = pulumi.Config()
     values: dict[str, Any] = {}
     for key in CONFIG_KEYS:
-        value = config.get_object(key) if key == "nodeSelector" else config.get(key)
+        value = config.get_object(key) if key in STRUCTURED_KEYS else config.get(key)
         if value is not None:
+            values[key] = value
+    # Every key set in this project's namespace, so a misspelled one is refused instead of ignored.
+    configured = {**pulumi.runtime.config.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+    for full_key, value in configured.items():
+        project, _, key = full_key.partition(":")
+        if project == pulumi.get_project() and key not in values:
             values[key] = value
     return parse_config(values)

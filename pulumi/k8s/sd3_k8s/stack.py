@@ -8,7 +8,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import manifests
-from .components import BatchScheduler, GpuOperator, Monitoring, SharedVolume, TrainingJob
+from .components import Autoscaler, BatchScheduler, GpuOperator, Monitoring, Serving, SharedVolume, TrainingJob
 from .config import K8sStackConfig
 
 
@@ -29,7 +29,16 @@ def build(config: K8sStackConfig) -> dict[str, Any]:
         "rendezvous_endpoint": manifests.rendezvous_endpoint(config),
         "gpus": config.total_gpus,
     }
+    monitoring = None
     if config.monitoring:
-        Monitoring("monitoring", config, depends_on=gpu_stack)
+        monitoring = Monitoring("monitoring", config, depends_on=gpu_stack)
         outputs["grafana"] = "kubectl -n monitoring port-forward svc/kube-prometheus-stack-grafana 3000:80"
+    if config.serving is not None:
+        autoscaler = Autoscaler("keda", config).release if config.serving.autoscaling else None
+        # The weights live on the shared claim unless serving names a claim of its own (made elsewhere).
+        weights = [volume.claim] if config.serving.weights_claim == volume.claim_name else []
+        serving = Serving("serving", config, namespace, depends_on=[*weights, *gpu_stack], autoscaler=autoscaler,
+                          monitoring=monitoring.prometheus if monitoring else None)
+        outputs["serving_url"] = Serving.url(config)
+        outputs["serving_deployment"] = serving.deployment.metadata.name
     return outputs

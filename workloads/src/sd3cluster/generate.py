@@ -179,14 +179,14 @@ def check_out(out: Path | None) -> Path:
     return out
 
 
-def png_bytes(image: np.ndarray, record: dict[str, Any]) -> bytes:
+def png_bytes(image: np.ndarray, record: dict[str, Any], compress_level: int = 6) -> bytes:
     """A PNG of a uint8 RGB image; the record (prompt, seed, ...) travels in its `sd3cluster` text chunk."""
     from PIL import Image, PngImagePlugin
 
     info = PngImagePlugin.PngInfo()
     info.add_text("sd3cluster", json.dumps(record, sort_keys=True))
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG", pnginfo=info)
+    Image.fromarray(image).save(buffer, format="PNG", pnginfo=info, compress_level=compress_level)
     return buffer.getvalue()
 
 

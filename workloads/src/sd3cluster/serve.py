@@ -214,7 +214,7 @@ class Metrics:
         r = self.registry
         self.requests = Counter("sd3_serve_requests", "HTTP requests by route and status code",
                                 ["route", "code"], registry=r)
-        self.duration = Histogram("sd3_serve_request_duration_seconds", "Request latency, arrival to answer",
+        self.duration = Histogram("sd3_serve_request_duration_seconds", "Latency of answered (2xx) requests",
                                   ["route"], buckets=latency, registry=r)
         self.queue_depth = Gauge("sd3_serve_queue_depth", "Images accepted and not yet started", registry=r)
         self.queue_capacity = Gauge("sd3_serve_queue_capacity", "Images the queue holds at most", registry=r)
@@ -269,6 +269,9 @@ class Engine:
         self.running = 0
         self.batch_seconds_per_image = 0.0  # running mean, for Retry-After
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sd3-pipeline")
+        # PNG compression (zlib, outside the GIL) of one batch overlaps the next batch's GPU work.
+        self.png_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sd3-png")
+        self.png_tasks: set[asyncio.Task] = set()
         self.changed: asyncio.Event | None = None
         self.drain_requested = threading.Event()
         self.stop_server: Callable[[], None] = lambda: None
@@ -291,7 +294,8 @@ class Engine:
             if self.s.warmup:
                 self.state = "warming up"
                 seconds = await loop.run_in_executor(self.executor, self._warmup)
-                self.log(f"[serve] warm-up: one {self.s.default_size}x{self.s.default_size} image in {seconds:.2f} s")
+                self.log(f"[serve] warm-up: batches of 1 to {self.s.max_batch} at {self.s.default_size}x"
+                         f"{self.s.default_size} in {seconds:.1f} s")
         except Exception as e:  # the worker cannot serve: say why and exit non-zero (systemd restarts it)
             self.state = "failed"
             self.exit_code = 1
@@ -305,11 +309,14 @@ class Engine:
         await self._batch_forever()
 
     def _warmup(self) -> float:
+        """The default request, then every batch size up to max_batch at the default size: with compile, each
+        batch size's graphs are built here rather than in a user's request (2 steps suffice for that)."""
         start = time.perf_counter()
         side = self.s.default_size
-        # The default request's shape and steps, so compiled graphs and cuDNN plans exist before the first user.
-        spec = Spec("warm-up", "", 1, side, side, self.s.default_steps, self.s.default_guidance, 0, "b64_json")
-        self.pipe([spec.prompt], [0], side, side, spec.steps, spec.guidance, [""])
+        for batch in range(1, self.s.max_batch + 1):
+            steps = self.s.default_steps if batch == 1 else min(2, self.s.default_steps)
+            self.pipe(["warm-up"] * batch, list(range(batch)), side, side, steps, self.s.default_guidance,
+                      [""] * batch)
         return time.perf_counter() - start
 
     async def _watch_drain(self) -> None:
@@ -451,8 +458,8 @@ class Engine:
             self._deliver(batch, outcome, time.monotonic() - started)
 
     def _run_batch(self, batch: list[Slot]) -> dict[str, Any] | None:
-        """In the worker thread: the pipeline's stages for one batch, then each image's PNG (and file)."""
-        from .generate import png_bytes, write_file_atomic
+        """In the pipeline thread: text encoding, denoising and VAE decode of one batch (None: stopped because
+        nobody waits for any of its images). PNG encoding happens elsewhere, so the GPU goes on to the next batch."""
         from .pipeline import Stopped
 
         spec = batch[0].ticket.spec
@@ -476,40 +483,44 @@ class Engine:
         start = time.perf_counter()
         images = pipe.decode(latents)
         times["vae"] = time.perf_counter() - start
-        start = time.perf_counter()
-        results = []
-        for slot, image in zip(batch, images, strict=True):
-            t = slot.ticket
-            record = {"prompt": t.spec.prompt, "negative_prompt": t.spec.negative_prompt, "seed": slot.seed,
-                      "steps": t.spec.steps, "guidance": t.spec.guidance, "width": t.spec.width,
-                      "height": t.spec.height, "model": pipe.description}
-            data = png_bytes(image, record)
-            if t.spec.response_format == "path":
-                folder = Path(self.s.output_dir) / time.strftime("%Y-%m-%d", time.gmtime())
-                folder.mkdir(parents=True, exist_ok=True)
-                path = folder / f"{t.id}-{slot.index}.png"
-                write_file_atomic(data, path)
-                results.append({"path": str(path), "seed": slot.seed})
-            else:
-                results.append({"b64_json": base64.b64encode(data).decode("ascii"), "seed": slot.seed})
-        times["png"] = time.perf_counter() - start
-        return {"results": results, "times": times}
+        return {"images": images, "times": times}
+
+    def _encode_image(self, slot: Slot, image: Any) -> dict[str, Any]:
+        """In a PNG thread: one image as PNG (its settings in a text chunk), in the answer or on the volume."""
+        from .generate import png_bytes, write_file_atomic
+
+        t = slot.ticket
+        record = {"prompt": t.spec.prompt, "negative_prompt": t.spec.negative_prompt, "seed": slot.seed,
+                  "steps": t.spec.steps, "guidance": t.spec.guidance, "width": t.spec.width,
+                  "height": t.spec.height, "model": self.pipe.description}
+        data = png_bytes(image, record, self.s.png_compress_level)
+        if t.spec.response_format == "path":
+            folder = Path(self.s.output_dir) / time.strftime("%Y-%m-%d", time.gmtime())
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{t.id}-{slot.index}.png"
+            write_file_atomic(data, path)
+            return {"path": str(path), "seed": slot.seed}
+        return {"b64_json": base64.b64encode(data).decode("ascii"), "seed": slot.seed}
+
+    def _fail(self, tickets: list[Ticket], error: str) -> None:
+        for ticket in tickets:
+            if ticket.status in ("queued", "running"):
+                ticket.status, ticket.error = "failed", error
+                ticket.finished_at = time.monotonic()
+                if not ticket.future.done():
+                    ticket.future.set_exception(Refused(500, error))
+                    ticket.future.exception()
+                if ticket.id not in self.jobs:
+                    self.tickets.pop(ticket.id, None)
 
     def _deliver(self, batch: list[Slot], outcome: dict[str, Any] | Exception | None, seconds: float) -> None:
+        tickets = list({s.ticket.id: s.ticket for s in batch}.values())
         if outcome is None:  # stopped: every requester of the batch had gone
             self.log(f"[serve] batch of {len(batch)} stopped: no requester left")
             return
         if isinstance(outcome, Exception):
             self.log(f"[serve] batch of {len(batch)} failed: {type(outcome).__name__}: {outcome}")
-            for ticket in {s.ticket.id: s.ticket for s in batch}.values():
-                if ticket.status in ("queued", "running"):
-                    ticket.status, ticket.error = "failed", f"generation failed: {outcome}"
-                    ticket.finished_at = time.monotonic()
-                    if not ticket.future.done():
-                        ticket.future.set_exception(Refused(500, ticket.error))
-                        ticket.future.exception()
-                    if ticket.id not in self.jobs:
-                        self.tickets.pop(ticket.id, None)
+            self._fail(tickets, f"generation failed: {outcome}")
             return
         n = len(batch)
         self.batch_seconds_per_image = (0.8 * self.batch_seconds_per_image + 0.2 * seconds / n
@@ -519,12 +530,31 @@ class Engine:
             self.metrics.images.inc(n)
             for stage, value in outcome["times"].items():
                 self.metrics.stage.labels(stage).observe(value)
-        for slot, result in zip(batch, outcome["results"], strict=True):
+        task = asyncio.create_task(self._encode_batch(batch, outcome["images"], outcome["times"]))
+        self.png_tasks.add(task)
+        task.add_done_callback(self.png_tasks.discard)
+
+    async def _encode_batch(self, batch: list[Slot], images: Any, times: dict[str, float]) -> None:
+        """PNGs of a finished batch in the PNG threads; each request answers once all its images are encoded."""
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        live = [(slot, image) for slot, image in zip(batch, images, strict=True) if slot.ticket.status == "running"]
+        try:
+            results = await asyncio.gather(*(loop.run_in_executor(self.png_executor, self._encode_image, slot, image)
+                                             for slot, image in live))
+        except Exception as e:  # a full volume, say: the requests fail with the reason, the worker goes on
+            self.log(f"[serve] PNG of a batch failed: {type(e).__name__}: {e}")
+            self._fail([slot.ticket for slot, _ in live], f"writing the image failed: {e}")
+            return
+        times = {**times, "png": time.perf_counter() - start}
+        if self.metrics:
+            self.metrics.stage.labels("png").observe(times["png"])
+        for (slot, _), result in zip(live, results, strict=True):
             t = slot.ticket
-            if t.status != "running":  # abandoned while its batch ran: the image is dropped
+            if t.status != "running":  # abandoned while its images were made: dropped
                 continue
             t.results[slot.index] = result
-            for stage, value in outcome["times"].items():
+            for stage, value in times.items():
                 t.timings[stage] = t.timings.get(stage, 0.0) + value
             if all(r is not None for r in t.results):
                 t.status = "succeeded"
@@ -604,7 +634,8 @@ class BodyLimit:
         metrics = self.engine.metrics
         if metrics is not None and code_seen:
             metrics.requests.labels(route, str(code_seen[0])).inc()
-            if route not in ("/metrics", "/healthz", "/readyz"):
+            # Latency of work done: refusals (429 in a millisecond) would make a p99 alert look better than it is.
+            if route not in ("/metrics", "/healthz", "/readyz") and code_seen[0] < 400:
                 metrics.duration.labels(route).observe(time.monotonic() - started)
 
 
@@ -623,6 +654,7 @@ def build_app(engine: Engine):
         for task in engine.tasks:
             task.cancel()
         engine.executor.shutdown(wait=False, cancel_futures=True)
+        engine.png_executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="sd3cluster serve", lifespan=lifespan, docs_url=None, redoc_url=None)
 

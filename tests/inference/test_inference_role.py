@@ -110,6 +110,7 @@ GOOD = {"host": "gpu01", "worker": True, "balancer": False, "gpus": 8, "base_por
     ({"tries": 1}, "inference_balancer_tries is 1: use a value from 2 to 10"),
     ({"gpus": -2}, "the GPU count"),
     ({"max_body_bytes": 10}, "inference_max_body_bytes is 10"),
+    ({"drain_timeout_s": 0}, "inference_drain_timeout_s is 0: use a value 1 or more"),
     ({"serve_settings": {"port": 1}}, "inference_serve_settings sets port: set it with inference_base_port"),
 ])
 def test_bad_settings_are_named_with_the_fix(changes, message):
@@ -289,6 +290,43 @@ def test_every_knob_is_specified_and_documented():
         if re.match(r"^inference_\w+:", line):
             above = [x for x in lines[:i] if x.strip()]
             assert above[-1].startswith("#") or lines[i - 1].startswith("inference_"), f"{line}: no comment says why"
+
+
+@pytest.mark.parametrize("inventory", ["defaults", "local"])
+def test_the_worker_settings_are_valid_for_sd3cluster_serve(inventory, tmp_path):
+    """What the role writes into worker-<i>.yaml (defaults, or the local inventory's) loads with the package's own
+    configuration class: the service would start with it, on the worker's address, port and device."""
+    sys.path.insert(0, str(REPO / "workloads" / "src"))  # this checkout's package
+    import sd3cluster.config
+    from sd3cluster.config import load_config
+
+    assert Path(sd3cluster.config.__file__).is_relative_to(REPO), \
+        f"sd3cluster comes from {sd3cluster.config.__file__}, not this checkout: run with PYTHONPATH=workloads/src"
+
+    values = defaults()
+    if inventory == "local":
+        values |= yaml.safe_load((REPO / "inventories" / "local" / "group_vars" / "all" / "inference.yml").read_text())
+    else:
+        values["inference_model_dir"] = str(tmp_path)  # a folder; the service checks its files only at start
+    base = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__inference_serve_base"]
+    env = jinja2.Environment()
+    env.filters["bool"] = bool
+    settings = {key: env.from_string(str(value)).render(**values) for key, value in base.items()}
+    settings = {key: yaml.safe_load(value) if value else value for key, value in settings.items()}
+    for worker in inf.inference_workers("gpu01", "10.10.0.11", 2 if inventory == "defaults" else 0, 8100):
+        doc = inf.inference_serve_config(worker, settings, values["inference_serve_settings"],
+                                         values["inference_preset"])
+        path = tmp_path / f"worker-{worker['index']}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        cfg = load_config(path)
+        assert (cfg.serve.host, cfg.serve.port, cfg.serve.device) == ("10.10.0.11", worker["port"], worker["device"])
+        assert cfg.serve.request_timeout_s == values["inference_request_timeout_s"]
+        assert cfg.serve.drain_timeout_s == values["inference_drain_timeout_s"]
+        assert cfg.serve.max_body_bytes == values["inference_max_body_bytes"]
+        if inventory == "local":
+            assert cfg.model.preset == "tiny" and cfg.serve.pretrained is None and cfg.serve.default_size == 64
+        else:
+            assert cfg.serve.pretrained == tmp_path
 
 
 def test_serving_is_off_in_prod_and_on_in_the_local_inventory():

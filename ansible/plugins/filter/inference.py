@@ -115,7 +115,7 @@ def inference_problems(settings):
 
     gpus = whole("the GPU count (inference_gpus_per_node, by default cluster_gpus_per_node)", "gpus", 0)
     for name, key, low in (("inference_request_timeout_s", "request_timeout_s", 1),
-                           ("inference_drain_timeout_s", "drain_timeout_s", 0),
+                           ("inference_drain_timeout_s", "drain_timeout_s", 1),
                            ("inference_drain_grace_s", "drain_grace_s", 0),
                            ("inference_max_body_bytes", "max_body_bytes", 1024)):
         whole(name, key, low)

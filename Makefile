@@ -11,7 +11,9 @@ BIN := $(VENV)/bin
 # Podman settings of the local cluster, without editing the host's /etc/containers.
 export CONTAINERS_CONF := $(CURDIR)/localcluster/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
-export PATH := $(CURDIR)/$(BIN):$(PATH)
+# promtool for the alert rules' unit tests lies in .cache/tools/bin (`make tools`).
+TOOLS := .cache/tools
+export PATH := $(CURDIR)/$(BIN):$(CURDIR)/$(TOOLS)/bin:$(PATH)
 # The node image molecule scenarios boot (the tag is the hash of its recipe).
 export SD3_NODE_IMAGE := $(shell bash localcluster/node-image.sh --print-tag)
 # Molecule scenarios (each lists its own nodes), MOLECULE_JOBS at a time.
@@ -20,7 +22,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 PLAYBOOKS := site.yml $(wildcard ansible/playbooks/*.yml)
 
 .PHONY: help host-prereqs venv image workloads-image cluster-up cluster-down cluster-status demo \
-        test test-full lint syntax unit container molecule e2e e2e-full clean
+        test test-full lint syntax unit tools container molecule e2e e2e-full clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -58,7 +60,8 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 
 # The scenarios CI runs: those that have passed whole (create to destroy) on this project's machine.
 # `make test-full` runs every scenario and the whole-cluster end-to-end tests as well.
-CI_SCENARIOS ?= preflight base network monitoring storage storage_nfs slurm gpu_stack backup
+# inference: 244 s alone on this project's 2-core machine (molecule test, 2026-12-03).
+CI_SCENARIOS ?= preflight base network monitoring storage storage_nfs slurm gpu_stack backup inference
 
 test: host-prereqs venv lint unit ## Everything CI runs
 	@$(MAKE) --no-print-directory container
@@ -77,7 +80,12 @@ syntax: venv ## ansible-playbook --syntax-check of every playbook
 	@for p in $(PLAYBOOKS); do $(BIN)/ansible-playbook -i localhost, --syntax-check $$p >/dev/null \
 	  || { echo "syntax error in $$p"; exit 1; }; done; echo "[lint] syntax of $(words $(PLAYBOOKS)) playbooks ok"
 
-unit: venv ## pytest: workloads, pulumi, inventory and preflight checks (no containers)
+tools: $(TOOLS)/bin/promtool ## promtool from the distribution's prometheus package, unpacked (nothing installed)
+
+$(TOOLS)/bin/promtool: localcluster/promtool.sh
+	@bash localcluster/promtool.sh $(TOOLS)
+
+unit: venv tools ## pytest: workloads, pulumi, inventory and preflight checks (no containers)
 	@# Two processes: tests that import Ansible's module code patch sys.intern, which torch's compiler rejects.
 	@$(BIN)/pytest -q -m "not cluster and not container" --ignore=tests/workloads tests
 	@$(BIN)/pytest -q -m "not cluster and not container" tests/workloads
@@ -93,9 +101,10 @@ e2e: cluster-up ## The local cluster's own tests (SSH, host keys, cache, cluster
 	@$(BIN)/pytest -q -m "cluster and not full" --ignore=tests/workloads tests
 
 # In this order: site.yml converges the nodes the later tests use; the day-2 tests leave 3 nodes.
-E2E_FULL_TESTS := tests/e2e/test_local_cluster.py tests/e2e/test_fault.py tests/e2e/test_generate_job.py $(wildcard tests/e2e/test_day2.py)
+E2E_FULL_TESTS := tests/e2e/test_local_cluster.py tests/e2e/test_fault.py tests/e2e/test_generate_job.py \
+                  tests/e2e/test_inference.py $(wildcard tests/e2e/test_day2.py)
 
-e2e-full: cluster-up ## site.yml twice, verify.yml, a node killed during training, day-2 playbooks
+e2e-full: cluster-up ## site.yml twice, verify.yml, a node killed during training, serving, day-2 playbooks
 	@$(BIN)/pytest -q -s -m full $(E2E_FULL_TESTS)
 
 clean: cluster-down ## Remove the local cluster and the virtualenv

@@ -122,6 +122,10 @@ def test_scale_out_3_to_4_then_verify_on_4_nodes():
     assert re.search(r"\bnode4\b", on("node2", "getent hosts node4"))
     assert "node4" in on("node2", "cat /etc/ssh/ssh_known_hosts")
     assert '"gpu_nodes"' in on("node4", f"cat {MARKER}")
+    # It serves too: the head's balancer and Prometheus know its worker.
+    assert on("node4", "systemctl is-active sd3-inference@0") == "active"
+    assert "10.213.0.104:8100 max_fails" in on("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
+    assert "10.213.0.104:8100" in on("node1", "cat /etc/prometheus/targets/sd3-inference.json")
     print(f"scale-out 3 -> 4 took {seconds:.0f} s")
     verify_green(["node1", "node2", "node3", "node4"])
 
@@ -147,6 +151,9 @@ def test_remove_node_4_to_3_keeps_the_data_and_verify_stays_green():
         assert "node4" not in on(node, "cat /etc/ssh/ssh_known_hosts"), f"node4 still in known_hosts of {node}"
         assert "node4" not in on(node, "cat /etc/slurm/slurm-nodes.conf")
     assert "10.213.0.104" not in on("node1", "cat /etc/prometheus/prometheus.yml")
+    assert "10.213.0.104" not in on("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
+    assert "10.213.0.104" not in on("node1", "cat /etc/prometheus/targets/sd3-inference.json")
+    assert on("node4", "systemctl is-active sd3-inference@0", check=False) != "active"
     assert on("node4", "systemctl is-active slurmd", check=False) != "active"
     assert on("node4", "findmnt -n /shared", check=False) == ""
     cluster_up(3)

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import jinja2
 import pytest
 import yaml
 from monitoring_support import FIXTURES, REPO
@@ -66,7 +67,18 @@ def emitted(gpu, training, slurm, gluster, textfile, tmp_path_factory):
     names |= set(parse(health.metrics(results, {"health_check": 1, "admin": 0}, 0.0)))
     names |= {line.split()[0] for line in (FIXTURES / "node_exporter_metric_names.txt").read_text().splitlines()
               if line and not line.startswith("#")}
-    return names | {"up"}
+    return names | serve_metric_names() | {"up"}
+
+
+def serve_metric_names() -> set[str]:
+    """The series `sd3cluster serve` exposes (its Metrics class, read from the source: the GPU gauges exist only
+    on CUDA), with the suffixes prometheus_client adds to counters and histograms."""
+    source = (REPO / "workloads" / "src" / "sd3cluster" / "serve.py").read_text()
+    suffixes = {"Counter": ["_total"], "Gauge": [""], "Histogram": ["_bucket", "_sum", "_count"]}
+    names = {name + suffix for kind, name in re.findall(r'\b(Counter|Gauge|Histogram)\("(sd3_serve_\w+)"', source)
+             for suffix in suffixes[kind]}
+    assert {"sd3_serve_requests_total", "sd3_serve_ready", "sd3_serve_stage_seconds_bucket"} <= names, names
+    return names
 
 
 def test_metric_names_of_an_expression():
@@ -106,7 +118,8 @@ def test_alert_rules_name_only_emitted_metrics(emitted):
     rules = [r for g in _rules()["groups"] for r in g["rules"]]
     wanted = {"NodeDown", "GpuXidError", "GpuUncorrectableEccErrors", "GpuHot", "GlusterBrickDown",
               "GlusterHealBacklog", "TrainingStalled", "DiskNearlyFull", "BackupFailed", "BackupRestoreCheckFailed",
-              "BackupTooOld", "NodeDrainedByHealthCheck", "NodeHealthCheckFailing"}
+              "BackupTooOld", "NodeDrainedByHealthCheck", "NodeHealthCheckFailing", "InferenceNoReadyWorker",
+              "InferenceWorkerNotReady", "InferenceLatencyHigh", "InferenceQueueGrowing", "InferenceErrorRate"}
     assert wanted <= {r["alert"] for r in rules}
     for rule in rules:
         unknown = metric_names(rule["expr"]) - emitted
@@ -115,9 +128,26 @@ def test_alert_rules_name_only_emitted_metrics(emitted):
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not on this machine (molecule runs it)")
+NO_PROMTOOL = "promtool is not on PATH: `make tools` unpacks it from the distribution's prometheus package"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason=NO_PROMTOOL)
 def test_promtool_accepts_the_rules(tmp_path):
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump(_rules()))
     done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason=NO_PROMTOOL)
+def test_inference_alerts_fire_as_designed_with_the_default_thresholds(tmp_path):
+    """promtool's unit tests of the inference alerts on the rules rendered with the role's real defaults."""
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    env = jinja2.Environment(variable_start_string="[[", variable_end_string="]]", undefined=jinja2.StrictUndefined)
+    rules = env.from_string((ROLE / "templates" / "alert_rules.yml.j2").read_text()).render(ansible_managed="test",
+                                                                                           **defaults)
+    (tmp_path / "rules.yml").write_text(rules)
+    tests = tmp_path / "inference_alerts_test.yml"
+    tests.write_text((FIXTURES / "inference_alerts_test.yml").read_text())
+    done = subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr

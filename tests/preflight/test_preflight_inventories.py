@@ -139,10 +139,27 @@ BAD = {
     "gpu_node_with_fewer_gpus_than_promised": (
         variant(**{"vars.cluster_gpus_per_node": 8}),
         ["n2 is not fit", "0 NVIDIA GPU(s) on the PCI bus, the inventory promises 8 (cluster_gpus_per_node)"]),
+    "inference_port_below_1024": (
+        variant(**{"vars.inference_enabled": True, "vars.inference_preset": "tiny", "vars.inference_base_port": 80}),
+        ["The inference settings are not valid", "n2: inference_base_port is 80: use a value from 1024 to 65535"]),
+    "inference_ports_over_node_exporter": (
+        variant(**{"vars.inference_enabled": True, "vars.inference_preset": "tiny", "vars.inference_base_port": 9096,
+                   "vars.cluster_gpus_per_node": 0, "hosts.n3.inference_gpus_per_node": 8}),
+        ["n3: the workers' ports 9096-9103 include 9100, used by node_exporter"]),
+    "inference_without_a_model": (
+        variant(**{"vars.inference_enabled": True}),
+        ["n2: neither inference_model_dir", "nor inference_preset"]),
     "latency_above_threshold": (
         variant(**{"vars.preflight_max_rtt_ms": 0.000001}),
         ["n1 -> n2 (127.0.0.2): round trip", "preflight_max_rtt_ms"]),
 }
+
+
+def test_good_inventory_with_serving_passes(tmp_path):
+    result = run_preflight(tmp_path, variant(**{"vars.inference_enabled": True,
+                                                "vars.inference_model_dir": "/shared/models/sd3"}))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Check the inference role's settings" in result.stdout
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -28,6 +28,18 @@ def ip_in_network(address, network):
         return False
 
 
+def cluster_address(host, hostvars):
+    """A node's address on the cluster network: its cluster_address, else its ansible_host, else its inventory
+    name (the rule of roles/README.md). hostvars: Ansible's hostvars, or any mapping of host -> variables."""
+    variables = hostvars[host]
+    for key in ("cluster_address", "ansible_host"):
+        value = variables.get(key)
+        if value not in (None, ""):
+            return str(value)
+    return str(host)
+
+
 class FilterModule:
     def filters(self):
-        return {"is_ip_address": is_ip_address, "is_ip_network": is_ip_network, "ip_in_network": ip_in_network}
+        return {"is_ip_address": is_ip_address, "is_ip_network": is_ip_network, "ip_in_network": ip_in_network,
+                "cluster_address": cluster_address}

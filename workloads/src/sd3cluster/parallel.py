@@ -34,7 +34,8 @@ def apply_fsdp(model: nn.Module, rt: Runtime, bf16: bool, cpu_offload: bool = Fa
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
         MixedPrecisionPolicy()
-    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # Pinned host memory makes the copies asynchronous; a CPU-only run (the tests) has nothing to pin for.
+    offload = CPUOffloadPolicy(pin_memory=rt.device.type == "cuda") if cpu_offload else OffloadPolicy()
     for block in model.transformer_blocks:
         fully_shard(block, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mp_policy=mp, offload_policy=offload)

@@ -20,7 +20,7 @@ from .config import Config
 from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, SyntheticDataset
 from .dist import Runtime, all_reduce
 from .errors import DataError, UserError
-from .flow import batch_noise, flow_loss
+from .flow import flow_loss, sample_noise
 from .lora import apply_lora, check_checkpoint_kind
 from .lora import describe as lora_describe
 from .lora import param_groups as lora_param_groups
@@ -108,10 +108,8 @@ class Trainer:
         so ReadAhead may run it early on its thread. Pinned host memory makes the copy to the GPU asynchronous."""
         indices, noise_index = key
         batch = self.dataset.get(list(indices))
-        noise, sigmas = batch_noise(self.cfg.flow, self.cfg.train.seed, noise_index, self.data_batch,
-                                    self.latent_shape)
-        lo, hi = self.data_rank * self.micro_batch, (self.data_rank + 1) * self.micro_batch
-        noise, sigmas = noise[lo:hi], sigmas[lo:hi]
+        first = noise_index * self.data_batch + self.data_rank * self.micro_batch
+        noise, sigmas = sample_noise(self.cfg.flow, self.cfg.train.seed, first, self.micro_batch, self.latent_shape)
         if self.rt.device.type == "cuda":
             batch, noise, sigmas = batch.pin_memory(), noise.pin_memory(), sigmas.pin_memory()
         return batch, noise, sigmas
@@ -180,7 +178,10 @@ class Trainer:
         return state
 
     def trainer_state(self) -> dict[str, Any]:
-        return {"step": self.step, "sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
+        # torchao's optimizers keep each group's lr as a tensor (no recompilation when it changes): as numbers here.
+        scheduler = json.loads(json.dumps(self.scheduler.state_dict(),
+                                          default=lambda t: t.tolist() if isinstance(t, torch.Tensor) else str(t)))
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "scheduler": scheduler,
                 "world": self.rt.world, "global_micro_batch": self.global_micro, "model": self.description,
                 "pretrained": str(self.cfg.model.pretrained) if self.cfg.model.pretrained else None,
                 "ema": self.ema is not None, "mode": self.cfg.train.mode, "lora": self.lora}

@@ -178,6 +178,16 @@ class PrepareConfig(_Section):
     t5_tokens: int = Field(77, ge=1)
     synthetic: int = Field(0, ge=0, description="write this many synthetic samples instead (model.preset's shapes)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    buckets: bool = Field(False, description="sort images into aspect-ratio buckets of about data.resolution^2 "
+                          "pixels (sides multiples of bucket_step) instead of square center crops")
+    bucket_step: int = Field(64, ge=16, description="bucket sides are multiples of this (16 at least: VAE 8 x patch 2)")
+    max_aspect: float = Field(4.0, ge=1, le=16, description="widest bucket's width/height (and tallest's inverse)")
+
+    @model_validator(mode="after")
+    def _step_multiple(self) -> PrepareConfig:
+        if self.bucket_step % 16:
+            raise ValueError(f"bucket_step must be a multiple of 16 (VAE factor 8 x patch 2), got {self.bucket_step}")
+        return self
 
 
 class PreviewConfig(_Section):

@@ -15,6 +15,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from .buckets import BucketBatchSampler
 from .checkpoint import CheckpointManager
 from .config import Config
 from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, SyntheticDataset
@@ -83,8 +84,13 @@ class Trainer:
         # model reached 0.45 of its first loss in 60 steps on 5 ranks, 0.24 on 2).
         self.data_rank, data_world = (0, 1) if fixed_batch else (rt.rank, rt.world)
         self.data_batch = self.micro_batch * data_world
-        self.sampler = DistributedBatchSampler(len(self.dataset), self.data_batch, self.data_rank, data_world,
-                                               cfg.data.seed, shuffle=not fixed_batch)
+        buckets = self.dataset.sample_buckets() if isinstance(self.dataset, ShardDataset) else None
+        if buckets is not None:  # aspect-ratio buckets: every micro-batch holds one bucket's shape
+            self.sampler = BucketBatchSampler(buckets, self.data_batch, self.data_rank, data_world, cfg.data.seed,
+                                              shuffle=not fixed_batch)
+        else:
+            self.sampler = DistributedBatchSampler(len(self.dataset), self.data_batch, self.data_rank, data_world,
+                                                   cfg.data.seed, shuffle=not fixed_batch)
         self.latent_shape = tuple(self.dataset.shapes["latents"])
         self.reader = ReadAhead(self._read_micro_batch)
         self.step = 0
@@ -109,7 +115,8 @@ class Trainer:
         indices, noise_index = key
         batch = self.dataset.get(list(indices))
         first = noise_index * self.data_batch + self.data_rank * self.micro_batch
-        noise, sigmas = sample_noise(self.cfg.flow, self.cfg.train.seed, first, self.micro_batch, self.latent_shape)
+        noise, sigmas = sample_noise(self.cfg.flow, self.cfg.train.seed, first, self.micro_batch,
+                                     tuple(batch.latents.shape[1:]))
         if self.rt.device.type == "cuda":
             batch, noise, sigmas = batch.pin_memory(), noise.pin_memory(), sigmas.pin_memory()
         return batch, noise, sigmas

@@ -81,7 +81,7 @@ class ShardWriter:
         for key, t in {**tensors, **(extra or {})}.items():
             pending.setdefault(key, []).extend(t.detach().cpu().unbind(0) if key not in KEYS else
                                                t.detach().cpu().float().unbind(0))
-        while len(pending["latents"]) >= self.shard_size:
+        while len(self.pending[bucket]["latents"]) >= self.shard_size:
             self._flush(bucket, self.shard_size)
 
     def _flush(self, bucket: tuple[int, int] | None, n: int) -> None:

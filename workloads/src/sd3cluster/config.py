@@ -60,6 +60,10 @@ class OptimConfig(_Section):
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 turns clipping off")
     fused: bool = Field(True, description="fused AdamW where the device supports it")
+    optimizer: Literal["adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "ao_adamw8bit"] = Field(
+        "adamw", description="adamw (torch); adamw8bit, paged_adamw8bit, paged_adamw: bitsandbytes' (CUDA only, "
+        "`pip install bitsandbytes`; 8-bit state is 2 bytes a parameter instead of 8, paged state moves to the host "
+        "under memory pressure); ao_adamw8bit: torchao's 8-bit AdamW (`pip install torchao`, also on CPU)")
 
 
 class TrainConfig(_Section):
@@ -67,6 +71,11 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     grad_accum: int = Field(1, ge=1)
     parallel: Literal["ddp", "fsdp"] = "ddp"
+    mode: Literal["full", "lora"] = Field("full", description="full: every weight trains; lora: the base is frozen "
+                                         "and only LoRA adapters (section lora:) and their optimizer state train "
+                                         "and go into checkpoints")
+    fsdp_cpu_offload: bool = Field(False, description="FSDP2 keeps sharded parameters, gradients and optimizer "
+                                   "state in host memory and steps the optimizer on the CPU (train.parallel=fsdp)")
     ordered_reduce: bool = Field(False, description="DDP sums gradients in rank order (all-gather): bit-exact "
                                  "runs on 3+ ranks, at the cost of bandwidth; verify turns it on for CPU")
     precision: Literal["bf16", "fp32"] = "bf16"
@@ -76,6 +85,44 @@ class TrainConfig(_Section):
     peak_tflops: float = Field(989.0, gt=0, description="dense bf16 peak per device, for MFU (H100/H200 SXM)")
     kill_at_step: int = Field(0, ge=0, description="test hook: rank `kill_rank` SIGKILLs itself there, first try only")
     kill_rank: int = Field(0, ge=0)
+
+
+# The linear layers of a joint block that LoRA can adapt, in diffusers' names (attn2: SD3.5's second attention).
+LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
+                "attn.add_v_proj", "attn.to_add_out", "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+                "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "norm1.linear",
+                "norm1_context.linear")
+LORA_DEFAULT_TARGETS = [t for t in LORA_TARGETS if not t.startswith("norm1")]
+
+
+class LoraSection(_Section):
+    """LoRA adapters (train.mode=lora), through peft: W x + (alpha / rank) B A x, with B starting at zero."""
+
+    rank: int = Field(16, ge=1, le=1024, description="rank r of each adapter")
+    alpha: float = Field(16.0, gt=0, description="scale numerator: the update is (alpha / rank) B A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (training only)")
+    target_modules: list[str] = Field(LORA_DEFAULT_TARGETS, description="linear layers of every joint block to "
+                                      "adapt, in diffusers' names; default: attention and MLP projections")
+    group_lr: dict[str, float] = Field({}, description="learning rate per group of targets: a key is a target or a "
+                                       "prefix of targets (attn, ff, ff_context, attn.to_out); the longest matching "
+                                       "key wins; targets no key matches train at optim.lr")
+    base_dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="dtype of the frozen base weights; auto: "
+                                                        "bf16 on GPU with train.precision=bf16, else fp32")
+
+    @model_validator(mode="after")
+    def _known_targets(self) -> LoraSection:
+        if not self.target_modules:
+            raise ValueError("target_modules is empty; name at least one layer (" + ", ".join(LORA_TARGETS) + ")")
+        unknown = [t for t in self.target_modules if t not in LORA_TARGETS]
+        if unknown:
+            raise ValueError(f"unknown target module(s) {', '.join(unknown)}; choose from {', '.join(LORA_TARGETS)}")
+        for key, lr in self.group_lr.items():
+            if not any(t == key or t.startswith(key + ".") for t in self.target_modules):
+                raise ValueError(f"group_lr key {key!r} matches none of target_modules; use a target or a prefix of "
+                                 "one (attn, ff, ff_context, attn.to_out)")
+            if not lr > 0:
+                raise ValueError(f"group_lr[{key!r}] must be > 0, got {lr}")
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -131,6 +178,16 @@ class PrepareConfig(_Section):
     t5_tokens: int = Field(77, ge=1)
     synthetic: int = Field(0, ge=0, description="write this many synthetic samples instead (model.preset's shapes)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    buckets: bool = Field(False, description="sort images into aspect-ratio buckets of about data.resolution^2 "
+                          "pixels (sides multiples of bucket_step) instead of square center crops")
+    bucket_step: int = Field(64, ge=16, description="bucket sides are multiples of this (16 at least: VAE 8 x patch 2)")
+    max_aspect: float = Field(4.0, ge=1, le=16, description="widest bucket's width/height (and tallest's inverse)")
+
+    @model_validator(mode="after")
+    def _step_multiple(self) -> PrepareConfig:
+        if self.bucket_step % 16:
+            raise ValueError(f"bucket_step must be a multiple of 16 (VAE factor 8 x patch 2), got {self.bucket_step}")
+        return self
 
 
 class PreviewConfig(_Section):
@@ -165,6 +222,10 @@ class GenerateConfig(_Section):
     checkpoint: Path | None = Field(None, description="training checkpoint (DCP) to take the transformer from")
     step: int | Literal["latest"] = "latest"
     ema: bool = Field(False, description="the checkpoint's EMA weights")
+    lora: Path | None = Field(None, description="diffusers-format LoRA (a .safetensors file, or a folder holding "
+                              "pytorch_lora_weights.safetensors, as `sd3cluster export` writes it) merged into the "
+                              "transformer's weights")
+    lora_scale: float = Field(1.0, ge=0, le=10, description="strength of the LoRA (1: as trained)")
     steps: int = Field(28, ge=1, le=1000, description="sampling steps")
     guidance: float = Field(7.0, ge=0, le=100, description="classifier-free guidance scale (1 or less: none)")
     width: int = Field(1024, ge=16, le=8192)
@@ -199,6 +260,10 @@ class ServeConfig(_Section):
     checkpoint: Path | None = Field(None, description="training checkpoint (DCP) to take the transformer from")
     step: int | Literal["latest"] = "latest"
     ema: bool = Field(False, description="the checkpoint's EMA weights")
+    lora: Path | None = Field(None, description="diffusers-format LoRA (a .safetensors file, or a folder holding "
+                              "pytorch_lora_weights.safetensors, as `sd3cluster export` writes it) merged into the "
+                              "transformer's weights")
+    lora_scale: float = Field(1.0, ge=0, le=10, description="strength of the LoRA (1: as trained)")
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compile: bool = Field(False, description="torch.compile each transformer block and the VAE decoder (GPU)")
@@ -262,6 +327,7 @@ class Config(_Section):
     flow: FlowConfig = FlowConfig()
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
+    lora: LoraSection = LoraSection()
     checkpoint: CheckpointConfig = CheckpointConfig()
     output: OutputConfig = OutputConfig()
     verify: VerifyConfig = VerifyConfig()
@@ -271,6 +337,22 @@ class Config(_Section):
     generate: GenerateConfig = GenerateConfig()
     serve: ServeConfig = ServeConfig()
     bench: BenchConfig = BenchConfig()
+
+    @model_validator(mode="after")
+    def _modes_fit(self) -> Config:
+        if self.train.mode == "lora" and self.train.parallel == "fsdp":
+            raise ValueError("train.mode=lora runs with train.parallel=ddp (the frozen base is replicated, only the "
+                             "adapters are reduced); FSDP2 is for full fine-tunes that do not fit one GPU")
+        if self.train.fsdp_cpu_offload and self.train.parallel != "fsdp":
+            raise ValueError("train.fsdp_cpu_offload needs train.parallel=fsdp")
+        if self.train.mode == "lora" and self.model.fuse_qkv:
+            picked = {t.rsplit(".", 1)[-1] for t in self.lora.target_modules if t.startswith("attn.")}
+            for group in (("to_q", "to_k", "to_v"), ("add_q_proj", "add_k_proj", "add_v_proj")):
+                if 0 < len(picked & set(group)) < 3:
+                    raise ValueError(f"lora.target_modules names only some of attn.{'/'.join(group)}, which "
+                                     "model.fuse_qkv joins into one layer; name all three, or set "
+                                     "model.fuse_qkv=false")
+        return self
 
     def pretty(self) -> str:
         return yaml.safe_dump(json.loads(self.model_dump_json()), sort_keys=False).rstrip()

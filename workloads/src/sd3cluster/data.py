@@ -61,43 +61,62 @@ class ReadAhead:
 
 
 class ShardWriter:
-    """Writes samples into numbered safetensors shards and, on close, the index that makes them a dataset."""
+    """Writes samples into numbered safetensors shards and, on close, the index that makes them a dataset.
+
+    With buckets (`add(..., bucket=(w, h))`) every shard holds one bucket's samples, recorded in its index entry;
+    extra per-sample tensors (original size, crop) are stored beside the three keys the trainer reads."""
 
     def __init__(self, out: Path, shard_size: int = 256, meta: dict | None = None):
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.shard_size = shard_size
         self.meta = dict(meta or {})
-        self.pending: dict[str, list[torch.Tensor]] = {k: [] for k in KEYS}
+        self.pending: dict[tuple[int, int] | None, dict[str, list[torch.Tensor]]] = {}
         self.shards: list[dict] = []
 
-    def add(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, pooled: torch.Tensor) -> None:
-        for key, t in zip(KEYS, (latents, prompt_embeds, pooled), strict=True):
-            self.pending[key].extend(t.detach().cpu().float().unbind(0))
-        while len(self.pending["latents"]) >= self.shard_size:
-            self._flush(self.shard_size)
+    def add(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, pooled: torch.Tensor,
+            bucket: tuple[int, int] | None = None, extra: dict[str, torch.Tensor] | None = None) -> None:
+        pending = self.pending.setdefault(bucket, {})
+        tensors = dict(zip(KEYS, (latents, prompt_embeds, pooled), strict=True))
+        for key, t in {**tensors, **(extra or {})}.items():
+            pending.setdefault(key, []).extend(t.detach().cpu().unbind(0) if key not in KEYS else
+                                               t.detach().cpu().float().unbind(0))
+        while len(self.pending[bucket]["latents"]) >= self.shard_size:
+            self._flush(bucket, self.shard_size)
 
-    def _flush(self, n: int) -> None:
-        if n == 0:
+    def _flush(self, bucket: tuple[int, int] | None, n: int) -> None:
+        pending = self.pending.get(bucket)
+        if not n or not pending:
             return
-        tensors = {k: torch.stack(v[:n]).contiguous() for k, v in self.pending.items()}
-        self.pending = {k: v[n:] for k, v in self.pending.items()}
+        tensors = {k: torch.stack(v[:n]).contiguous() for k, v in pending.items()}
+        self.pending[bucket] = {k: v[n:] for k, v in pending.items()}
         name = f"shard-{len(self.shards):05d}.safetensors"
         save_file(tensors, str(self.out / name))
-        self.shards.append({"file": name, "samples": n})
+        entry: dict[str, Any] = {"file": name, "samples": n}
+        if bucket is not None:
+            entry["bucket"] = list(bucket)
+        self.shards.append(entry)
 
     def close(self) -> Path:
-        self._flush(len(self.pending["latents"]))
-        if not self.shards:
-            raise DataError(f"no samples were written to {self.out}")
-        with safe_open(str(self.out / self.shards[0]["file"]), "pt") as f:
-            shapes = {k: list(f.get_slice(k).get_shape()[1:]) for k in KEYS}
-        index = {"shards": self.shards, "samples": sum(s["samples"] for s in self.shards), "shapes": shapes,
-                 **self.meta}
-        tmp = self.out / (INDEX + ".tmp")
-        tmp.write_text(json.dumps(index, indent=2))
-        tmp.replace(self.out / INDEX)
-        return self.out / INDEX
+        for bucket in sorted(self.pending, key=lambda b: b or (0, 0)):
+            self._flush(bucket, len(self.pending[bucket].get("latents", [])))
+        return write_index(self.out, self.shards, self.meta)
+
+
+def write_index(out: Path, shards: list[dict], meta: dict) -> Path:
+    """index.json of `shards` (written last, atomically: a folder without it is not a dataset)."""
+    if not shards:
+        raise DataError(f"no samples were written to {out}")
+    with safe_open(str(out / shards[0]["file"]), "pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()[1:]) for k in KEYS}
+    index = {"shards": shards, "samples": sum(s["samples"] for s in shards), "shapes": shapes, **meta}
+    buckets = sorted({tuple(s["bucket"]) for s in shards if "bucket" in s})
+    if buckets:
+        index["buckets"] = [list(b) for b in buckets]
+    tmp = out / (INDEX + ".tmp")
+    tmp.write_text(json.dumps(index, indent=2))
+    tmp.replace(out / INDEX)
+    return out / INDEX
 
 
 class ShardDataset:
@@ -127,6 +146,16 @@ class ShardDataset:
 
     def __len__(self) -> int:
         return self.starts[-1]
+
+    def sample_buckets(self) -> list[int] | None:
+        """Each sample's bucket number (its place in the index's bucket list); None for data without buckets."""
+        if "buckets" not in self.index:
+            return None
+        number = {tuple(b): i for i, b in enumerate(self.index["buckets"])}
+        out: list[int] = []
+        for shard in self.shards:
+            out += [number[tuple(shard["bucket"])]] * shard["samples"]
+        return out
 
     def _handle(self, shard: int):
         if shard not in self._handles:

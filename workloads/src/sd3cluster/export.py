@@ -98,9 +98,68 @@ def _load_dcp(template: dict[str, Any], path: Path) -> None:
                               f"{str(e).splitlines()[0][:300]}); pick another step") from None
 
 
+def load_adapters(path: Path, ema: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A LoRA checkpoint's adapter tensors (trained names, fp32) and its trainer state."""
+    state = read_trainer_state(path)
+    if state.get("mode", "full") != "lora":
+        raise CheckpointError(f"checkpoint {path} holds a full model, not LoRA adapters; export it without LoRA "
+                              "options (it becomes a transformer folder)")
+    names = state["lora"]["parameters"]
+    found = _checkpoint_shapes(path)
+    adapters = {n: torch.empty(found.get(f"model.{n}", (0,)), dtype=torch.float32) for n in names}
+    _compare({f"model.{n}": tuple(found.get(f"model.{n}", ())) or (-1,) for n in names}, found, path, "adapter state")
+    if ema:
+        if not state.get("ema"):
+            raise CheckpointError(f"checkpoint {path} has no EMA weights (the run had train.ema_decay=0); "
+                                  "export without --ema")
+        shadow = {f"ema.{i}": t for i, t in enumerate(adapters.values())}
+        _load_dcp({"ema": shadow}, path)
+    else:
+        _load_dcp({"model": adapters}, path)
+    return adapters, state
+
+
+def export_lora(cfg: ExportConfig, path: Path, out: Path) -> Path:
+    """A LoRA checkpoint -> `out/pytorch_lora_weights.safetensors`, diffusers' format."""
+    from safetensors.torch import save_file
+
+    from .lora import LORA_FILE, to_diffusers
+
+    if cfg.base is not None:
+        raise UserError("export.base is for full checkpoints; a LoRA is applied to its base when generating "
+                        "(--pretrained BASE --lora OUT)")
+    start = time.perf_counter()
+    adapters, state = load_adapters(path, ema=cfg.ema)
+    lora = state["lora"]
+    tensors = {k: v.to(DTYPES[cfg.dtype]) for k, v in to_diffusers(adapters, lora["rank"], lora["alpha"]).items()}
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        save_file(tensors, str(staging / LORA_FILE), metadata={"format": "pt"})
+        provenance = {"checkpoint": str(path.resolve()), "step": state["step"], "ema": cfg.ema, "dtype": cfg.dtype,
+                      "preset": state["model"].get("preset"), "kind": "lora", "rank": lora["rank"],
+                      "alpha": lora["alpha"], "alpha_folded_into_lora_B": True,
+                      "target_modules": lora["target_modules"], "pretrained": state.get("pretrained"),
+                      "time": time.time()}
+        (staging / "sd3cluster-export.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()  # empty, checked before
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    print(f"[export] wrote the LoRA {out / LORA_FILE} ({len(tensors) // 2} adapters, rank {lora['rank']}, "
+          f"{cfg.dtype}, step {state['step']}) in {time.perf_counter() - start:.1f} s", flush=True)
+    return out
+
+
 def load_trained_transformer(path: Path, ema: bool = False) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The checkpoint's transformer as diffusers' SD3Transformer2DModel (unfused, fp32, on the CPU)."""
     state = read_trainer_state(path)
+    if state.get("mode", "full") == "lora":
+        raise CheckpointError(f"checkpoint {path} holds LoRA adapters, not a transformer; export it "
+                              "(`sd3cluster export`) and pass --pretrained BASE --lora EXPORTED")
     description = state["model"]
     # The module as trained (fused names, parameter order), on the meta device: nothing is initialised twice.
     trained = build_from_description(description, device="meta")
@@ -193,6 +252,8 @@ def export(cfg: ExportConfig) -> Path:
     if cfg.base is not None and not Path(cfg.base).is_dir():
         raise UserError(f"export.base {cfg.base} is not a folder; pass a local diffusers SD3 folder")
     path = resolve_checkpoint(cfg.checkpoint, cfg.step)
+    if read_trainer_state(path).get("mode", "full") == "lora":
+        return export_lora(cfg, path, out)
     start = time.perf_counter()
     print(f"[export] reading {path}{' (EMA weights)' if cfg.ema else ''}", flush=True)
     model, state = load_trained_transformer(path, ema=cfg.ema)

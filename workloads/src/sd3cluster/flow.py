@@ -33,17 +33,27 @@ def loss_weighting(cfg: FlowConfig, sigmas: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(sigmas)
 
 
+def sample_noise(cfg: FlowConfig, seed: int, first: int, count: int, latent_shape: tuple[int, ...],
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise and sigma of the run's samples first .. first+count-1, each from (seed, its number) alone.
+
+    A sample's number is its position in the run's stream of samples (micro-step x global micro-batch + its place
+    in that batch), so N ranks see exactly what one process with the global batch sees, k accumulated
+    micro-batches see what one k-times batch sees, and a resumed run draws what the uninterrupted one drew.
+    """
+    noise = torch.empty((count, *latent_shape))
+    sigmas = torch.empty(count)
+    for i in range(count):
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + first + i)
+        noise[i] = torch.randn(latent_shape, generator=gen)
+        sigmas[i] = shift_sigmas(sample_u(cfg, 1, gen), cfg.shift)[0]
+    return noise, sigmas
+
+
 def batch_noise(cfg: FlowConfig, seed: int, step: int, global_batch: int, latent_shape: tuple[int, ...],
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Noise and sigmas for the whole global batch of one step, from (seed, step) alone.
-
-    Every rank draws the same global tensors and keeps its slice, so N ranks see exactly what one process with
-    the global batch sees, and a resumed run draws what the uninterrupted one drew.
-    """
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    noise = torch.randn((global_batch, *latent_shape), generator=gen)
-    sigmas = shift_sigmas(sample_u(cfg, global_batch, gen), cfg.shift)
-    return noise, sigmas
+    """Noise and sigmas of the whole global batch of one micro-step (samples step x global_batch onwards)."""
+    return sample_noise(cfg, seed, step * global_batch, global_batch, latent_shape)
 
 
 def flow_loss(model: nn.Module, cfg: FlowConfig, latents: torch.Tensor, prompt_embeds: torch.Tensor,

@@ -141,11 +141,12 @@ def model_identity(cfg: Config, checkpoint: Path | None) -> str:
     """Names the weights: a checkpoint by its resolved step folder, so a rerun after training saved a newer
     `latest` is told that the weights changed."""
     g = cfg.generate
+    lora = f"+lora:{Path(g.lora).resolve()}@{g.lora_scale:g}" if g.lora is not None else ""
     if checkpoint is not None:
-        return f"checkpoint:{checkpoint.resolve()}{':ema' if g.ema else ''}"
+        return f"checkpoint:{checkpoint.resolve()}{':ema' if g.ema else ''}{lora}"
     if g.pretrained is not None:
-        return f"pretrained:{Path(g.pretrained).resolve()}"
-    return f"random:{cfg.model.preset}"
+        return f"pretrained:{Path(g.pretrained).resolve()}{lora}"
+    return f"random:{cfg.model.preset}{lora}"
 
 
 def check_settings(out: Path, settings: dict[str, Any]) -> None:
@@ -278,6 +279,10 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
     out = check_out(g.out)
     if g.pretrained is not None:
         check_pretrained(g.pretrained)
+    if g.lora is not None:
+        from .lora import read_lora
+
+        read_lora(g.lora, "generate.lora")  # not a LoRA, or unreadable: stop before anything is written
     checkpoint = None
     if g.checkpoint is not None:
         from .export import resolve_checkpoint
@@ -318,7 +323,8 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
     dtype = resolve_dtype(g.dtype, device)
     pair = _cfg_pair(rt, g)
     pipe = load_pipeline(cfg.model.preset, device, dtype, g.pretrained, checkpoint, "latest", g.ema,
-                         g.max_sequence_length, g.compile, log=print if rt.is_main else (lambda _: None))
+                         g.max_sequence_length, g.compile, log=print if rt.is_main else (lambda _: None),
+                         lora=g.lora, lora_scale=g.lora_scale)
     progress = Progress(rt, out, len(items), done_before, n_workers, g.progress_every_s)
     parts = out / ".parts"
     parts.mkdir(exist_ok=True)

@@ -6,12 +6,37 @@ import torch
 from torch import nn
 
 from .config import OptimConfig
+from .errors import UserError
 
 
 def make_adamw(params: list[torch.Tensor], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     fused = cfg.fused and device.type == "cuda"
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                              fused=fused or None, foreach=None if fused else False)
+
+
+def make_optimizer(params: list, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """optim.optimizer's choice over `params` (tensors, or param groups with their own lr)."""
+    if cfg.optimizer == "adamw":
+        return make_adamw(params, cfg, device)
+    kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "ao_adamw8bit":
+        try:
+            from torchao.optim import AdamW8bit
+        except ImportError:
+            raise UserError("optim.optimizer=ao_adamw8bit needs torchao: pip install torchao==0.18.0") from None
+        return AdamW8bit(params, **kwargs)
+    if device.type != "cuda":
+        raise UserError(f"optim.optimizer={cfg.optimizer} is bitsandbytes', which runs on CUDA devices only; use "
+                        "adamw or ao_adamw8bit on this device")
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise UserError(f"optim.optimizer={cfg.optimizer} needs bitsandbytes: pip install bitsandbytes==0.50.2") \
+            from None
+    cls = {"adamw8bit": bnb.optim.AdamW8bit, "paged_adamw8bit": bnb.optim.PagedAdamW8bit,
+           "paged_adamw": bnb.optim.PagedAdamW}[cfg.optimizer]
+    return cls(params, **kwargs)
 
 
 def make_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -26,15 +26,19 @@ def apply_compile(model: nn.Module) -> None:
         block.compile()
 
 
-def apply_fsdp(model: nn.Module, rt: Runtime, bf16: bool) -> nn.Module:
-    """FSDP2: `fully_shard` per transformer block, then the root; bf16 compute with fp32 sharded masters."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def apply_fsdp(model: nn.Module, rt: Runtime, bf16: bool, cpu_offload: bool = False) -> nn.Module:
+    """FSDP2: `fully_shard` per transformer block, then the root; bf16 compute with fp32 sharded masters.
+    cpu_offload: the sharded parameters, their gradients and so the optimizer state live in host memory; each
+    block's parameters are copied to the GPU for its forward and backward, and the optimizer steps on the CPU."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
         MixedPrecisionPolicy()
+    # Pinned host memory makes the copies asynchronous; a CPU-only run (the tests) has nothing to pin for.
+    offload = CPUOffloadPolicy(pin_memory=rt.device.type == "cuda") if cpu_offload else OffloadPolicy()
     for block in model.transformer_blocks:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(block, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
     return model
 
 
@@ -67,7 +71,7 @@ def apply_ddp(model: nn.Module, rt: Runtime, ordered_reduce: bool = False) -> nn
 
 
 def parallelize(model: nn.Module, rt: Runtime, parallel: str, compile_blocks: bool, activation_checkpointing: bool,
-                bf16: bool, ordered_reduce: bool = False) -> nn.Module:
+                bf16: bool, ordered_reduce: bool = False, fsdp_cpu_offload: bool = False) -> nn.Module:
     """Order matters: checkpointing and compile act on the blocks, then FSDP wraps them or DDP the whole."""
     if activation_checkpointing:
         apply_activation_checkpointing(model)
@@ -80,7 +84,7 @@ def parallelize(model: nn.Module, rt: Runtime, parallel: str, compile_blocks: bo
         # backward. The checkpoint is the same either way (get_state_dict names parameters without "module.").
         return model
     if parallel == "fsdp":
-        return apply_fsdp(model, rt, bf16)
+        return apply_fsdp(model, rt, bf16, fsdp_cpu_offload)
     return apply_ddp(model, rt, ordered_reduce)
 
 

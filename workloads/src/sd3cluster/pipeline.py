@@ -231,13 +231,19 @@ def check_pretrained(folder: Path, what: str = "--pretrained") -> Path:
 
 def load_pipeline(preset: str, device: torch.device, dtype: torch.dtype, pretrained: Path | None = None,
                   checkpoint: Path | None = None, step: int | str = "latest", ema: bool = False,
-                  t5_tokens: int = 77, compile_blocks: bool = False, log=print) -> SD3Pipeline:
+                  t5_tokens: int = 77, compile_blocks: bool = False, log=print, lora: Path | None = None,
+                  lora_scale: float = 1.0) -> SD3Pipeline:
     """The transformer from a training checkpoint, a diffusers folder or random init of `preset`; the encoders
-    and VAE from the diffusers folder (or the checkpoint run's model.pretrained), else random ones of the preset."""
+    and VAE from the diffusers folder (or the checkpoint run's model.pretrained), else random ones of the preset.
+    `lora`: a diffusers-format LoRA merged into the transformer's weights (W += scale B A) before anything else,
+    so generating with it costs what generating without it does."""
     from .export import load_trained_transformer, resolve_checkpoint
+    from .lora import lora_file, merge_lora
 
     start = time.perf_counter()
     parts_folder = check_pretrained(pretrained) if pretrained is not None else None
+    if lora is not None:
+        lora_file(lora)  # a wrong path stops before the weights load
     if checkpoint is not None:
         path = resolve_checkpoint(checkpoint, step)
         transformer, state = load_trained_transformer(path, ema=ema)
@@ -256,6 +262,9 @@ def load_pipeline(preset: str, device: torch.device, dtype: torch.dtype, pretrai
     else:
         transformer = build_transformer(preset, device=device)
         source = f"random {preset} transformer"
+    if lora is not None:
+        merged = merge_lora(transformer, lora, lora_scale)
+        source += f" + LoRA {lora} ({merged} layers, scale {lora_scale:g})"
     if parts_folder is not None:
         encoders = load_encoders(parts_folder, torch.device("cpu"), dtype, what="--pretrained")
         parts = str(parts_folder)

@@ -780,6 +780,10 @@ def _check_inputs(s: ServeConfig) -> Path | None:
 
     if s.pretrained is not None:
         check_pretrained(s.pretrained, "serve.pretrained (--pretrained)")
+    if s.lora is not None:
+        from .lora import read_lora
+
+        read_lora(s.lora, "serve.lora (--lora)")
     checkpoint = None
     if s.checkpoint is not None:
         from .export import resolve_checkpoint
@@ -816,7 +820,7 @@ def serve(cfg: Config) -> int:
 
     def factory():
         return load_pipeline(cfg.model.preset, device, dtype, s.pretrained, checkpoint, "latest", s.ema,
-                             s.max_sequence_length, s.compile, log=log)
+                             s.max_sequence_length, s.compile, log=log, lora=s.lora, lora_scale=s.lora_scale)
 
     engine = Engine(cfg, factory, log)
     # The batcher's metrics exist from the start (GPU memory gauges when the device is CUDA).

@@ -12,17 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from .buckets import BucketBatchSampler
 from .checkpoint import CheckpointManager
 from .config import Config
 from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, SyntheticDataset
 from .dist import Runtime, all_reduce
-from .errors import DataError
-from .flow import batch_noise, flow_loss
+from .errors import DataError, UserError
+from .flow import flow_loss, sample_noise
+from .lora import apply_lora, check_checkpoint_kind
+from .lora import describe as lora_describe
+from .lora import param_groups as lora_param_groups
 from .models import build_transformer, count_parameters, forward_flops, fuse_qkv, text_dims, transformer_description
-from .optim import EMA, make_adamw, make_warmup
+from .optim import EMA, make_optimizer, make_warmup
 from .parallel import parallelize, unwrap
 
 
@@ -57,11 +61,19 @@ class Trainer:
         self.description = transformer_description(model, cfg.model.preset, cfg.model.fuse_qkv)
         if cfg.model.fuse_qkv:
             fuse_qkv(model, attention_backend="cudnn" if cuda else "auto")
+        self.lora: dict[str, Any] | None = None
+        if cfg.train.mode == "lora":
+            self.lora = self._add_adapters(model)
         self.model = parallelize(model, rt, cfg.train.parallel, cfg.model.compile and cuda,
-                                 cfg.model.activation_checkpointing, self.bf16, cfg.train.ordered_reduce)
+                                 cfg.model.activation_checkpointing, self.bf16, cfg.train.ordered_reduce,
+                                 cfg.train.fsdp_cpu_offload)
         self.fsdp = rt.distributed and cfg.train.parallel == "fsdp"
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_adamw(self.params, cfg.optim, rt.device)
+        groups = lora_param_groups(unwrap(self.model), cfg.lora, cfg.optim.lr) if self.lora else self.params
+        self.optimizer = make_optimizer(groups, cfg.optim, rt.device)
+        # LoRA checkpoints hold the adapters and their optimizer state only: the frozen base is rebuilt from
+        # model.pretrained (or the preset's seeded init) and is not saved again with every step.
+        self.state_options = StateDictOptions(ignore_frozen_params=self.lora is not None)
         self.scheduler = make_warmup(self.optimizer, cfg.optim.warmup_steps)
         self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
         self.dataset = open_dataset(cfg)
@@ -72,11 +84,29 @@ class Trainer:
         # model reached 0.45 of its first loss in 60 steps on 5 ranks, 0.24 on 2).
         self.data_rank, data_world = (0, 1) if fixed_batch else (rt.rank, rt.world)
         self.data_batch = self.micro_batch * data_world
-        self.sampler = DistributedBatchSampler(len(self.dataset), self.data_batch, self.data_rank, data_world,
-                                               cfg.data.seed, shuffle=not fixed_batch)
+        buckets = self.dataset.sample_buckets() if isinstance(self.dataset, ShardDataset) else None
+        if buckets is not None:  # aspect-ratio buckets: every micro-batch holds one bucket's shape
+            self.sampler = BucketBatchSampler(buckets, self.data_batch, self.data_rank, data_world, cfg.data.seed,
+                                              shuffle=not fixed_batch)
+        else:
+            self.sampler = DistributedBatchSampler(len(self.dataset), self.data_batch, self.data_rank, data_world,
+                                                   cfg.data.seed, shuffle=not fixed_batch)
         self.latent_shape = tuple(self.dataset.shapes["latents"])
         self.reader = ReadAhead(self._read_micro_batch)
         self.step = 0
+
+    def _add_adapters(self, model: torch.nn.Module) -> dict[str, Any]:
+        cfg = self.cfg
+        base = cfg.lora.base_dtype
+        if base == "auto":
+            base = "bf16" if self.bf16 else "fp32"
+        if base == "bf16":
+            if not self.bf16:
+                raise UserError("lora.base_dtype=bf16 needs bf16 compute (train.precision=bf16 on a GPU); set "
+                                "lora.base_dtype=fp32 or auto")
+            model.to(torch.bfloat16)  # the adapters peft adds next are fp32
+        names = apply_lora(model, cfg.lora, cfg.model.fuse_qkv, cfg.train.seed)
+        return lora_describe(cfg.lora, cfg.model.fuse_qkv, names)
 
     # -- input of one micro-step ----------------------------------------------------------------------------
     def _read_micro_batch(self, key: tuple[tuple[int, ...], int]) -> tuple[Batch, torch.Tensor, torch.Tensor]:
@@ -84,10 +114,9 @@ class Trainer:
         so ReadAhead may run it early on its thread. Pinned host memory makes the copy to the GPU asynchronous."""
         indices, noise_index = key
         batch = self.dataset.get(list(indices))
-        noise, sigmas = batch_noise(self.cfg.flow, self.cfg.train.seed, noise_index, self.data_batch,
-                                    self.latent_shape)
-        lo, hi = self.data_rank * self.micro_batch, (self.data_rank + 1) * self.micro_batch
-        noise, sigmas = noise[lo:hi], sigmas[lo:hi]
+        first = noise_index * self.data_batch + self.data_rank * self.micro_batch
+        noise, sigmas = sample_noise(self.cfg.flow, self.cfg.train.seed, first, self.micro_batch,
+                                     tuple(batch.latents.shape[1:]))
         if self.rt.device.type == "cuda":
             batch, noise, sigmas = batch.pin_memory(), noise.pin_memory(), sigmas.pin_memory()
         return batch, noise, sigmas
@@ -149,23 +178,30 @@ class Trainer:
 
     # -- state ----------------------------------------------------------------------------------------------
     def tensor_state(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self.state_options)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
         return state
 
     def trainer_state(self) -> dict[str, Any]:
-        return {"step": self.step, "sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
+        # torchao's optimizers keep each group's lr as a tensor (no recompilation when it changes): as numbers here.
+        scheduler = json.loads(json.dumps(self.scheduler.state_dict(),
+                                          default=lambda t: t.tolist() if isinstance(t, torch.Tensor) else str(t)))
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "scheduler": scheduler,
                 "world": self.rt.world, "global_micro_batch": self.global_micro, "model": self.description,
                 "pretrained": str(self.cfg.model.pretrained) if self.cfg.model.pretrained else None,
-                "ema": self.ema is not None}
+                "ema": self.ema is not None, "mode": self.cfg.train.mode, "lora": self.lora}
 
     def load(self, manager: CheckpointManager, path: Path) -> None:
+        if (Path(path) / "trainer.json").is_file():
+            check_checkpoint_kind(path, json.loads((Path(path) / "trainer.json").read_text()), self.cfg.train.mode,
+                                  self.lora)
         tensors = self.tensor_state()
         trainer = manager.load(path, tensors)
+        options = StateDictOptions(ignore_frozen_params=True, strict=False) if self.lora else None
         set_state_dict(self.model, self.optimizer, model_state_dict=tensors["model"],
-                       optim_state_dict=tensors["optim"])
+                       optim_state_dict=tensors["optim"], options=options)
         if self.ema is not None and "ema" in tensors:
             self.ema.load_state_dict(tensors["ema"])
         self.step = int(trainer["step"])

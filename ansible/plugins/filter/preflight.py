@@ -49,7 +49,10 @@ def spec_paths(spec_files):
     """The spec files, each a path or a glob (roles/*/meta/argument_specs.yml), in a stable order."""
     paths = []
     for pattern in spec_files:
-        paths += sorted(Path(p) for p in glob.glob(str(pattern))) if glob.has_magic(str(pattern)) else [Path(pattern)] * Path(pattern).is_file()
+        if glob.has_magic(str(pattern)):
+            paths += sorted(Path(match) for match in glob.glob(str(pattern)))
+        elif Path(pattern).is_file():
+            paths.append(Path(pattern))
     return paths
 
 
@@ -277,7 +280,7 @@ def _host_variables(hostvars, host, names):
             variables[name] = hostvars[host][name]
         except KeyError:
             continue
-        except Exception as error:  # noqa: BLE001 - any templating error is the user's to fix, with its name
+        except Exception as error:  # any templating error is the user's to fix, named
             problems.append(f"{name} cannot be read ({error}): fix its value in the inventory")
     return variables, problems
 
@@ -320,8 +323,8 @@ def address_problems(groups, hostvars, network):
                         if variables.get(key) not in (None, "")), str(host))
         short = host.split(".")[0]
         if short in seen_names:
-            problems.append(f"host {host}: short name '{short}' is also used by {seen_names[short]}; nodes are found by "
-                            "short name in /etc/hosts, so rename one")
+            problems.append(f"host {host}: short name '{short}' is also used by {seen_names[short]}; nodes are "
+                            "found by short name in /etc/hosts, so rename one")
         else:
             seen_names[short] = host
         if not HOSTNAME_LABEL.match(short):
@@ -415,8 +418,8 @@ def day2_problems(knobs, targets, play_hosts):
             problems.append(f"{what} matches no host of the inventory: name hosts or groups that the inventory has "
                             "(ansible-inventory --graph lists them)")
         elif not set(hosts) & set(play_hosts):
-            problems.append(f"{what} ({', '.join(sorted(hosts))}) lies outside --limit ({', '.join(sorted(play_hosts))}): "
-                            "widen --limit or leave it out")
+            problems.append(f"{what} ({', '.join(sorted(hosts))}) lies outside --limit "
+                            f"({', '.join(sorted(play_hosts))}): widen --limit or leave it out")
     return problems
 
 

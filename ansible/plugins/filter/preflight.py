@@ -17,8 +17,10 @@ import glob
 import ipaddress
 import posixpath
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import jinja2
 import yaml
 
 # Login and group names that useradd accepts everywhere (Debian's NAME_REGEX, at most 32 characters).
@@ -128,8 +130,8 @@ def _id_problem(what, value, id_range):
 
 def group_problems(group, id_range):
     """cluster_group: a mapping {name, gid} with a POSIX name and a gid in range."""
-    if not isinstance(group, dict):
-        return [f"cluster_group is {type(group).__name__} {group!r}: it must be a mapping such as "
+    if not isinstance(group, Mapping):
+        return [f"cluster_group is {_kind(group)} ({group!r}): it must be a mapping such as "
                 "{name: sd3, gid: 2000}"]
     problems = []
     name = group.get("name")
@@ -149,13 +151,13 @@ USER_KEYS = {"name", "uid", "admin", "docker"}
 
 def users_problems(users, group, id_range):
     """cluster_users: a list of {name, uid, admin, docker}, names and uids unique, uids in range."""
-    if not isinstance(users, list):
-        return [f"cluster_users is {type(users).__name__}, not a list: write one item per user, "
+    if isinstance(users, (str, Mapping)) or not isinstance(users, Sequence):
+        return [f"cluster_users is {_kind(users)}, not a list: write one item per user, "
                 "e.g. '- {name: trainer, uid: 2001}' (a mapping of users is not read)"]
     problems, names, uids = [], {}, {}
     for index, user in enumerate(users):
         where = f"cluster_users[{index}]"
-        if not isinstance(user, dict):
+        if not isinstance(user, Mapping):
             problems.append(f"{where} is {user!r}: each user is a mapping {{name, uid, admin, docker}}")
             continue
         name = user.get("name")
@@ -277,12 +279,35 @@ def _host_variables(hostvars, host, names):
     variables, problems = {}, []
     for name in names:
         try:
-            variables[name] = hostvars[host][name]
+            value = hostvars[host][name]
         except KeyError:
             continue
         except Exception as error:  # any templating error is the user's to fix, named
             problems.append(f"{name} cannot be read ({error}): fix its value in the inventory")
+            continue
+        if isinstance(value, jinja2.Undefined):  # Ansible 2.19 hands an undefined value on instead of raising
+            problems.append(f"{name} cannot be read ({_undefined_reason(value)}): fix its value in the inventory")
+            continue
+        variables[name] = value
     return variables, problems
+
+
+def _undefined_reason(value):
+    try:
+        return str(value._undefined_message)
+    except Exception as error:  # the message itself is what failed to render
+        return str(error)
+
+
+def _kind(value):
+    """A user's word for a YAML value's type."""
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Sequence):
+        return "a list"
+    return type(value).__name__
 
 
 def _by_hosts(per_host, all_hosts):

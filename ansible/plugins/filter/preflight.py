@@ -436,7 +436,7 @@ def day2_problems(knobs, targets, play_hosts):
             problems.append(f"rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a percentage "
                             "from 1% to 100%, e.g. 25%")
     for knob in ("rolling_upgrade_drain_timeout", "remove_node_drain_timeout", "rolling_upgrade_reboot_timeout"):
-        if knob in knobs and (_int(knobs[knob]) is None or _int(knobs[knob]) < 1):
+        if knobs.get(knob) is not None and (_int(knobs[knob]) is None or _int(knobs[knob]) < 1):
             problems.append(f"{knob} is {knobs[knob]!r}: give a number of seconds, 1 or more")
     for what, hosts in targets.items():
         if not hosts:

@@ -5,6 +5,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "ansible" / "plugins" / "filter" / "preflight.py"
@@ -143,3 +144,22 @@ def test_day2_targets_must_match_and_lie_inside_the_limit():
     (problem,) = pf.day2_problems({}, {"remove_nodes n3": ["n3"]}, ["n1", "n2"])
     assert "remove_nodes n3 (n3) lies outside --limit (n1, n2)" in problem
     assert pf.day2_problems({}, {"remove_nodes n3": ["n3"]}, ["n3"]) == []
+
+
+def _example_variable_names():
+    """The variables set by the project's own inventories and molecule scenarios (none may read as a typo)."""
+    names = set()
+    for path in (REPO / "inventories").glob("*/group_vars/**/*.yml"):
+        names.update(yaml.safe_load(path.read_text()) or {})
+    for path in (REPO / "molecule").glob("*/molecule.yml"):
+        inventory = ((yaml.safe_load(path.read_text()) or {}).get("provisioner") or {}).get("inventory") or {}
+        for level in ("group_vars", "host_vars"):
+            for variables in (inventory.get(level) or {}).values():
+                names.update(variables or {})
+    return names
+
+
+def test_the_projects_own_inventories_have_no_unknown_variable(known):
+    names = _example_variable_names()
+    assert {"cluster_name", "cluster_users", "preflight_min_cpu_cores"} <= names  # the walk found them
+    assert pf.unknown_variable_problems(names, known) == []

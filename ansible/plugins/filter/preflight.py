@@ -435,9 +435,11 @@ def day2_problems(knobs, targets, play_hosts):
         if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(1)) > 100):
             problems.append(f"rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a percentage "
                             "from 1% to 100%, e.g. 25%")
-    for knob in ("rolling_upgrade_drain_timeout", "remove_node_drain_timeout", "rolling_upgrade_reboot_timeout"):
-        if knobs.get(knob) is not None and (_int(knobs[knob]) is None or _int(knobs[knob]) < 1):
-            problems.append(f"{knob} is {knobs[knob]!r}: give a number of seconds, 1 or more")
+    # A drain timeout of 0 means "do not wait for jobs"; a node cannot come back from a reboot in 0 s.
+    for knob, least in (("rolling_upgrade_drain_timeout", 0), ("remove_node_drain_timeout", 0),
+                        ("rolling_upgrade_reboot_timeout", 1)):
+        if knobs.get(knob) is not None and (_int(knobs[knob]) is None or _int(knobs[knob]) < least):
+            problems.append(f"{knob} is {knobs[knob]!r}: give a number of seconds, {least} or more")
     for what, hosts in targets.items():
         if not hosts:
             problems.append(f"{what} matches no host of the inventory: name hosts or groups that the inventory has "

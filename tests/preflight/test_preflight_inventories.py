@@ -252,3 +252,15 @@ def test_prod_example_inventory_passes_the_inventory_check(tmp_path):
     assert result.returncode == 0, output
     assert "List the problems of the inventory as a whole" in output
     assert re.search(r"^head01\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", output, flags=re.MULTILINE), output
+
+
+def test_optional_cluster_variables_left_out_take_their_spec_defaults(tmp_path):
+    """cluster_mtu, the storage counts and the users are optional (their specs give defaults): leaving them out
+    once ended in "'cluster_mtu' is undefined" inside the network check."""
+    inventory = variant(**{"vars.cluster_mtu": None, "vars.cluster_storage_replica": None,
+                           "vars.cluster_storage_bricks_per_node": None})
+    result = run_preflight(tmp_path, inventory)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "is undefined" not in output and "Traceback" not in output
+    assert "Ping every other node" in output  # the check that read cluster_mtu ran

@@ -100,7 +100,10 @@ def unknown_variable_problems(names, known):
         if name in declared or name.startswith("_"):
             continue
         ours = any(name.startswith(prefix + "_") for prefix in known["prefixes"])
-        close = closest_known(name, known, CLOSE_MATCH_CUTOFF)
+        # A name that holds a whole known one (pulumi_cluster_name, from the cloud inventory) is another tool's
+        # copy of it, not a typo.
+        foreign_copy = any(known_name in name for known_name in declared)
+        close = None if foreign_copy else closest_known(name, known, CLOSE_MATCH_CUTOFF)
         if not ours and not close:
             continue
         hint = close or closest_known(name, known)

@@ -116,6 +116,14 @@ DAY2 = {
 }
 
 
+# Each stop names only what is wrong: rolling_upgrade.yml once gave one message for four conditions.
+NOT_SAID = {
+    "batch_above_100_percent": ["rolling_upgrade_drain_timeout", "holds the head"],
+    "drain_timeout_not_a_number": ["rolling_upgrade_batch", "holds the head"],
+    "head_in_upgrade_targets": ["rolling_upgrade_batch", "rolling_upgrade_drain_timeout"],
+}
+
+
 @pytest.mark.parametrize("case", sorted(DAY2))
 def test_day2_playbook_stops_before_any_change(tmp_path, case):
     playbook, args, expected = DAY2[case]
@@ -125,6 +133,9 @@ def test_day2_playbook_stops_before_any_change(tmp_path, case):
     for text in expected:
         assert text in output, f"{case}: {text!r} not in the output\n{output}"
     assert "Nothing was changed" in output or "nothing was changed" in output, output
+    failure = output[output.rfind("fatal:"):]  # the stop itself (a rescued spec check comes before it)
+    for text in NOT_SAID.get(case, []):
+        assert text not in failure, f"{case}: the stop also speaks of {text!r}\n{failure}"
     assert_stopped_cleanly(output)
 
 

@@ -109,6 +109,13 @@ DAY2 = {
     "head_in_upgrade_targets": (
         "rolling_upgrade.yml", ["-e", "rolling_upgrade_hosts=all"],
         ["rolling_upgrade_hosts (all) holds the head (n1)"]),
+    # One condition of two failed: the message speaks of that one (NOT_SAID below).
+    "scale_out_storage_not_whole_replica_sets": (
+        "scale_out.yml", ["-e", "scale_out_nodes=n3"],
+        ["The new storage nodes n3 give 1 new brick(s) per volume", "whole replica sets of 3"]),
+    "scale_out_storage_not_at_the_end": (
+        "scale_out.yml", ["-e", "scale_out_nodes=n2", "-e", "cluster_storage_replica=1"],
+        ["The new storage nodes n2 must come last in the storage_nodes group"]),
     # The inventory as a whole is checked by every day-2 playbook, not only by site.yml.
     "bad_inventory_value_in_day2": (
         "remove_node.yml", ["-e", "remove_nodes=n3", "-e", "cluster_storage_bricks_per_node=0"],
@@ -121,6 +128,8 @@ NOT_SAID = {
     "batch_above_100_percent": ["rolling_upgrade_drain_timeout", "holds the head"],
     "drain_timeout_not_a_number": ["rolling_upgrade_batch", "holds the head"],
     "head_in_upgrade_targets": ["rolling_upgrade_batch", "rolling_upgrade_drain_timeout"],
+    "scale_out_storage_not_whole_replica_sets": ["must come last"],
+    "scale_out_storage_not_at_the_end": ["whole replica sets"],
 }
 
 

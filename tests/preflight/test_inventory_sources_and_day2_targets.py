@@ -156,3 +156,16 @@ def test_day2_checks_pass_good_settings(tmp_path):
     assert result.returncode == 0, output
     assert "Check the settings and the targets" in output
     assert_no_traceback(output)
+
+
+@pytest.mark.parametrize("playbook", ["scale_out.yml", "remove_node.yml", "rolling_upgrade.yml"])
+def test_day2_limit_that_matches_no_host_stops(tmp_path, playbook):
+    """Ansible itself stops a --limit that matches nothing at all (rc 1, the pattern named); kept so by this test.
+    A --limit that matches hosts but none the playbook acts on is the playbook's own stop (DAY2 above)."""
+    result = ansible_playbook(tmp_path, yaml.safe_dump(GOOD), playbook, "--check", "-e", "remove_nodes=n3",
+                              "--limit", "gpu-node-9")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "gpu-node-9" in output and "--limit" in output, output
+    assert "PLAY RECAP" not in output  # nothing ran
+    assert_no_traceback(output)

@@ -167,3 +167,22 @@ def test_the_projects_own_inventories_have_no_unknown_variable(known):
     names = _example_variable_names()
     assert {"cluster_name", "cluster_users", "preflight_min_cpu_cores"} <= names  # the walk found them
     assert pf.unknown_variable_problems(names, known) == []
+
+
+def test_role_variables_are_checked_against_their_specs():
+    entries = pf.spec_entries(SPEC_FILES)
+    problems = pf.spec_value_problems({"docker_daemon_options": ["x"], "slurm_gres_mode": "cuda",
+                                       "preflight_min_cpu_cores": 4}, entries)
+    assert any("docker_daemon_options" in p and "roles/docker/meta/argument_specs.yml" in p for p in problems)
+    assert any("slurm_gres_mode must be one of: auto, nvml, static, none" in p for p in problems), problems
+    assert len(problems) == 2  # preflight_min_cpu_cores is fine
+
+
+def test_the_local_inventorys_values_fit_the_specs():
+    """The values of inventories/local (those without a template, which only Ansible can resolve)."""
+    variables = {}
+    for path in (REPO / "inventories" / "local" / "group_vars").glob("**/*.yml"):
+        variables.update({name: value for name, value in (yaml.safe_load(path.read_text()) or {}).items()
+                          if "{{" not in str(value)})
+    assert len(variables) > 20
+    assert pf.spec_value_problems(variables, pf.spec_entries(SPEC_FILES)) == []

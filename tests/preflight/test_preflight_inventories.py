@@ -191,6 +191,16 @@ BAD = {
     "misspelt_without_our_prefix": (
         variant(**{"vars.clustr_storage_replica": 3}),
         ["clustr_storage_replica is not a variable", "did you mean cluster_storage_replica?"]),
+    # A role's variable of the wrong type, said before the first layer (the role's own check came mid-run).
+    "role_dict_given_a_string": (
+        variant(**{"vars.docker_daemon_options": "journald"}),
+        ["argument 'docker_daemon_options' is of type str", "roles/docker/meta/argument_specs.yml"]),
+    "role_choice_not_offered": (
+        variant(**{"vars.nvidia_driver_source": "runfile"}),
+        ["nvidia_driver_source", "roles/nvidia_driver/meta/argument_specs.yml"]),
+    "role_list_items_missing_keys": (
+        variant(**{"hosts.n2.gpu_users_users": [{"uid": 2001}]}),
+        ["host n2: missing required arguments: name found in gpu_users_users"]),
     # Values that used to end in a traceback or an Ansible internal error.
     "value_that_cannot_be_templated": (
         variant(**{"vars.cluster_shared_path": "{{ shared_root_of_site }}"}),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import jinja2
 import yaml
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 # Login and group names that useradd accepts everywhere (Debian's NAME_REGEX, at most 32 characters).
 POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -111,6 +112,34 @@ def unknown_variable_problems(names, known):
             f"{name} is not a variable of this project (no role's meta/argument_specs.yml declares it)"
             + (f": did you mean {hint}?" if hint else ": remove it, or check the roles' README for the right name"))
     return problems
+
+
+def spec_value_problems(variables, spec_entries):
+    """Problems of the values set (types, choices, list elements, sub-options) against every spec that declares
+    them: the check each role makes when it starts, made here before the first layer changes a node.
+
+    variables: {name: value} as set in the inventory or with -e; spec_entries: {spec label: {option: spec}}.
+    cluster_* values are left to cluster_variable_problems, whose messages say more; a missing required
+    option is the role's business (a role may not run on this host)."""
+    problems = []
+    for label, options in spec_entries.items():
+        present = {name: dict(option or {}, required=False) for name, option in options.items()
+                   if name in variables and not name.startswith("cluster_")}
+        if not present:
+            continue
+        result = ArgumentSpecValidator(present).validate({name: variables[name] for name in present})
+        problems += [f"{message} ({label})" for message in result.error_messages]
+    return problems
+
+
+def spec_entries(spec_files):
+    """{'roles/ROLE/meta/argument_specs.yml ENTRY' or the file's path: options} for every spec file."""
+    entries = {}
+    for path in spec_paths(spec_files):
+        label = f"roles/{path.parent.parent.name}/meta/argument_specs.yml" if path.parent.name == "meta" else path.name
+        for entry, options in read_specs([path]).items():
+            entries[f"{label}, {entry}"] = options
+    return entries
 
 
 # ------------------------------------------------------------------------------------ cluster-wide settings
@@ -405,18 +434,23 @@ def inventory_problems(groups, hostvars, rules):
     if not known["names"]:
         return [f"no argument specs were found at {', '.join(map(str, rules['spec_files']))}: run from a checkout "
                 "of this project, whose roles each have meta/argument_specs.yml"]
+    entries = spec_entries(rules["spec_files"])
+    declared = set(known["names"])
     first = {}
-    per_host_cluster, per_host_unknown = {}, {}
+    per_host_cluster, per_host_unknown, per_host_spec = {}, {}, {}
     for host in hosts:
         names = list(hostvars[host].keys())
-        cluster_names = [name for name in names if name.startswith("cluster_")]
-        variables, problems = _host_variables(hostvars, host, cluster_names)
-        per_host_cluster[host] = problems + cluster_variable_problems(variables, rules)
+        ours = [name for name in names if name.startswith("cluster_") or name in declared]
+        variables, problems = _host_variables(hostvars, host, ours)
+        cluster = {name: value for name, value in variables.items() if name.startswith("cluster_")}
+        per_host_cluster[host] = problems + cluster_variable_problems(cluster, rules)
         per_host_unknown[host] = unknown_variable_problems(names, known)
-        first = first or variables
+        per_host_spec[host] = spec_value_problems(variables, entries)
+        first = first or cluster
     problems = group_layout_problems(groups, first.get("cluster_storage_backend"), rules)
     problems += _by_hosts(per_host_unknown, hosts)
     problems += _by_hosts(per_host_cluster, hosts)
+    problems += _by_hosts(per_host_spec, hosts)
     problems += address_problems(groups, hostvars, first.get("cluster_network_cidr"))
     problems += storage_layout_problems(groups, first)
     return problems

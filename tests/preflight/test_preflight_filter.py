@@ -186,3 +186,34 @@ def test_the_local_inventorys_values_fit_the_specs():
                           if "{{" not in str(value)})
     assert len(variables) > 20
     assert pf.spec_value_problems(variables, pf.spec_entries(SPEC_FILES)) == []
+
+
+def _molecule_inventory(path):
+    """groups and variables (those without a template) of a molecule scenario, as Ansible would give them."""
+    scenario = yaml.safe_load(path.read_text())
+    inventory = (scenario.get("provisioner") or {}).get("inventory") or {}
+    group_vars, host_vars = inventory.get("group_vars") or {}, inventory.get("host_vars") or {}
+    groups, hostvars = {"all": []}, {}
+    for platform in scenario["platforms"]:
+        groups["all"].append(platform["name"])
+        variables = dict(group_vars.get("all") or {})
+        for group in platform.get("groups", []):
+            groups.setdefault(group, []).append(platform["name"])
+            variables.update(group_vars.get(group) or {})
+        variables.update(host_vars.get(platform["name"]) or {})
+        hostvars[platform["name"]] = {k: v for k, v in variables.items() if "{{" not in str(v)}
+    return groups, hostvars
+
+
+SCENARIOS_WITH_PREFLIGHT = sorted(path.parent / "molecule.yml" for path in (REPO / "molecule").glob("*/converge.yml")
+                                  if "playbooks/preflight.yml" in path.read_text())
+
+
+@pytest.mark.parametrize("path", SCENARIOS_WITH_PREFLIGHT, ids=lambda path: path.parent.name)
+def test_molecule_scenarios_that_run_preflight_pass_its_inventory_check(path):
+    groups, hostvars = _molecule_inventory(path)
+    assert pf.inventory_problems(groups, hostvars, RULES) == []
+
+
+def test_a_scenario_runs_preflight():
+    assert SCENARIOS_WITH_PREFLIGHT, "no molecule scenario imports preflight.yml: the test above checks nothing"

@@ -313,16 +313,19 @@ def prepare(cfg: Config, rt: Runtime | None = None) -> Path:
                   f"shift {shift})", flush=True)
         for written, unit in enumerate(todo, 1):
             tensors = encode_unit(unit, enc, cfg, rt.device, scaling, shift)
-            save_shard(out / unit.file, tensors, {"plan": plan, "shard": str(unit.number)})
+            # One metadata key: safetensors writes a map of several in no fixed order, and the shard bytes must
+            # not depend on the run that wrote them.
+            save_shard(out / unit.file, tensors, {"plan": plan})
             progress.update(len(unit.items))
             _maybe_kill(cfg, rt, written)
-    barrier(rt)
+    made_by_rank = all_gather_object(rt, len(todo))  # also the barrier: every rank's shards are on disk
     index = out / INDEX
     if rt.is_main:
         index = _write_index(out, units, plan, cfg, scaling, shift)
         made = sum(len(u.items) for u in units) - done_before
-        print(f"[prepare] done: {len(units)} shard(s), {len(pairs)} samples ({made} encoded now) in "
-              f"{time.perf_counter() - start:.1f} s -> {index}", flush=True)
+        print(f"[prepare] done: {len(units)} shard(s), {len(pairs)} samples ({made} encoded now; shards made per "
+              f"rank: {' '.join(map(str, made_by_rank))}) in {time.perf_counter() - start:.1f} s -> {index}",
+              flush=True)
     # Every rank leaves together, as generate's ranks do: a peer tearing the group down early can abort rank 0's
     # gloo threads while it still writes the index.
     barrier(rt)

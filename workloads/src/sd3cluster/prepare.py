@@ -159,7 +159,7 @@ def run_settings(cfg: Config, pairs: list[tuple[Path, str]], headers: list[tuple
     images = Path(p.images).resolve()
     digest = hashlib.sha256()
     for (path, caption), header in zip(pairs, headers, strict=True):
-        digest.update(json.dumps([str(path.resolve().relative_to(images)), caption, list(header)]).encode() + b"\n")
+        digest.update(json.dumps([relative_name(p.images, path), caption, list(header)]).encode() + b"\n")
     return {"images": str(images), "images_sha256": digest.hexdigest(), "images_count": len(pairs),
             "encoders": str(Path(p.encoders).resolve()), "resolution": cfg.data.resolution, "seed": cfg.data.seed,
             "buckets": p.buckets, "bucket_step": p.bucket_step, "max_aspect": p.max_aspect,
@@ -170,10 +170,15 @@ def plan_id(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def relative_name(images: Path, path: Path) -> str:
+    """An image's name under the images folder, as found there (a symlinked image keeps its own name)."""
+    return Path(path).relative_to(Path(images)).as_posix()
+
+
 def sample_seed(seed: int, images: Path, path: Path) -> int:
     """The VAE noise seed of one image: from data.seed and its path under the images folder, so it does not
     depend on the batch, the shard or the rank the image lands in."""
-    name = str(path.resolve().relative_to(Path(images).resolve()))
+    name = relative_name(images, path)
     return int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest(), "little") >> 1
 
 

@@ -5,6 +5,7 @@ shards it had finished and never reading the killed writers' temporary files; ba
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +101,10 @@ def test_a_killed_run_resumes_to_the_same_dataset(one_rank: Path, images: Path, 
 
     resumed = sd3cluster(*_args(images, tiny_encoders, out))  # one rank finishes what two started
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"; {len(finished)} shard(s) (" in resumed.stdout and "removed 1 unfinished temporary" in resumed.stdout
+    assert f"; {len(finished)} shard(s) (" in resumed.stdout
+    # Ours, and any rank 0 left when torchrun stopped it in the middle of a write.
+    removed = re.search(r"removed (\d+) unfinished temporary", resumed.stdout)
+    assert removed and int(removed.group(1)) >= 1, resumed.stdout
     assert f"shards made per rank: {6 - len(finished)})" in resumed.stdout
     for name, before in finished.items():  # finished shards were skipped, not written again
         after = (out / name).stat()

@@ -86,16 +86,50 @@ def test_job_configs_are_valid_sd3cluster_configs(tmp_path):
     for name, tree in [("default-train", DEFAULTS["slurm_job_config"]),
                        ("default-generate", DEFAULTS["slurm_job_generate_config"]),
                        ("local-train", local["slurm_job_config"]),
-                       ("local-generate", local["slurm_job_generate_config"])]:
+                       ("local-generate", local["slurm_job_generate_config"]),
+                       ("default-prepare", DEFAULTS["slurm_job_prepare_config"]),
+                       ("local-prepare", local["slurm_job_prepare_config"])]:
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(tree))
         load_config(path)  # raises ConfigError naming the key when the role's default is wrong
     generate = load_config(tmp_path / "default-generate.yaml").generate
     assert (generate.width, generate.steps, generate.guidance, generate.compile) == (1024, 28, 7.0, True)
+    prepare = load_config(tmp_path / "default-prepare.yaml")
+    assert (prepare.data.resolution, prepare.prepare.buckets, prepare.prepare.shard_size) == (1024, True, 256)
 
 
 def test_generate_command_writes_into_the_run_folder_and_requeues():
     text = render({"gpu01": (8, "nvml")})
-    assert 'generate) extra=(--out "$outputs") ;;' in text
-    assert "default_config=/opt/sd3cluster/jobs/generate-sd3.yaml" in text
+    assert 'generate) default_config=/opt/sd3cluster/jobs/generate-sd3.yaml; extra=(--out "$outputs") ;;' in text
     assert 'if [ "$command" != verify ] && [ "$attempt" -lt 3 ]; then' in text
+
+
+def _job_prelude(text: str) -> str:
+    """The rendered script up to (without) its first Slurm command: the part that picks config and arguments."""
+    return text[:text.index("# The rendezvous runs")]
+
+
+@pytest.mark.parametrize("command, config, extra", [
+    ("", "/opt/sd3cluster/jobs/train-sd3.yaml", ""),
+    ("verify", "/opt/sd3cluster/jobs/train-sd3.yaml", "--report /s/runs/sd3-x-7/verify.json"),
+    ("generate", "/opt/sd3cluster/jobs/generate-sd3.yaml", "--out /s/runs/sd3-x-7"),
+    ("prepare", "/opt/sd3cluster/jobs/prepare-sd3.yaml", "--out /s/runs/sd3-x-7"),
+])
+def test_each_command_gets_its_config_and_output_folder(command, config, extra, tmp_path):
+    """Runs the rendered script's first part with bash, as sbatch would, and reads what it chose."""
+    script = tmp_path / "job.sh"
+    script.write_text(_job_prelude(render({"gpu01": (8, "nvml")}, slurm_job_shared_path=str(tmp_path / "s")))
+                      + 'echo "$config|${extra[*]}|$*"\n')
+    env = {"PATH": "/usr/bin:/bin", "SD3_COMMAND": command, "SLURM_JOB_NAME": "sd3-x", "SLURM_JOB_ID": "7"}
+    done = subprocess.run(["bash", str(script), "", "--images", "/data"], capture_output=True, text=True, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{config}|{extra.replace('/s/', f'{tmp_path}/s/')}|--images /data"
+    assert (tmp_path / "s" / "runs" / "sd3-x-7").is_dir()
+
+
+def test_an_unknown_command_stops_the_job_with_the_list():
+    text = _job_prelude(render({"gpu01": (8, "nvml")}, slurm_job_shared_path="/nonexistent/s"))
+    env = {"PATH": "/usr/bin:/bin", "SD3_COMMAND": "prep", "SLURM_JOB_NAME": "j", "SLURM_JOB_ID": "1"}
+    done = subprocess.run(["bash", "-c", text, "job"], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 2 and "use train, verify, generate or prepare" in done.stderr

@@ -91,7 +91,7 @@ SHORTCUTS: dict[str, list[tuple[str, ...]]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sd3cluster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    helps = {"prepare": "images + captions -> latent and embedding shards (or synthetic shards)",
+    helps = {"prepare": "images + captions -> latent and embedding shards (torchrun: ranks share the shards)",
              "train": "rectified-flow training (torchrun for several ranks)",
              "verify": "checks with numbers and a verdict; non-zero exit on any failure",
              "bench": "training-step throughput and MFU of model variants",
@@ -134,12 +134,6 @@ def resolve(args: argparse.Namespace) -> Config:
 
 
 def _run(args: argparse.Namespace, cfg: Config) -> int:
-    if args.command == "prepare":
-        from .prepare import prepare
-
-        print(cfg.pretty(), flush=True)
-        prepare(cfg)
-        return 0
     if args.command == "bench":
         from .bench import run_bench
 
@@ -159,8 +153,16 @@ def _run(args: argparse.Namespace, cfg: Config) -> int:
         return 0
     from .dist import init_runtime
 
-    rt = init_runtime(cfg.generate.device if args.command == "generate" else cfg.train.device)
+    devices = {"generate": cfg.generate.device, "prepare": cfg.prepare.device}
+    rt = init_runtime(devices.get(args.command, cfg.train.device))
     try:
+        if args.command == "prepare":
+            from .prepare import prepare
+
+            if rt.is_main:
+                print(cfg.pretty(), flush=True)
+            prepare(cfg, rt)
+            return 0
         if args.command == "generate":
             from .generate import generate
 

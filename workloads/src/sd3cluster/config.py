@@ -182,6 +182,10 @@ class PrepareConfig(_Section):
                           "pixels (sides multiples of bucket_step) instead of square center crops")
     bucket_step: int = Field(64, ge=16, description="bucket sides are multiples of this (16 at least: VAE 8 x patch 2)")
     max_aspect: float = Field(4.0, ge=1, le=16, description="widest bucket's width/height (and tallest's inverse)")
+    progress_every_s: float = Field(10.0, gt=0, description="seconds between rank 0's progress lines")
+    kill_after_shards: int = Field(0, ge=0, description="test hook: rank `kill_rank` SIGKILLs itself after writing "
+                                   "this many shards, first try only")
+    kill_rank: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _step_multiple(self) -> PrepareConfig:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 
 from .errors import DataError
+from .files import write_file_atomic
 
 INDEX = "index.json"
 KEYS = ("latents", "prompt_embeds", "pooled")
@@ -90,8 +91,8 @@ class ShardWriter:
             return
         tensors = {k: torch.stack(v[:n]).contiguous() for k, v in pending.items()}
         self.pending[bucket] = {k: v[n:] for k, v in pending.items()}
-        name = f"shard-{len(self.shards):05d}.safetensors"
-        save_file(tensors, str(self.out / name))
+        name = shard_name(len(self.shards))
+        save_shard(self.out / name, tensors)
         entry: dict[str, Any] = {"file": name, "samples": n}
         if bucket is not None:
             entry["bucket"] = list(bucket)
@@ -101,6 +102,24 @@ class ShardWriter:
         for bucket in sorted(self.pending, key=lambda b: b or (0, 0)):
             self._flush(bucket, len(self.pending[bucket].get("latents", [])))
         return write_index(self.out, self.shards, self.meta)
+
+
+def shard_name(number: int) -> str:
+    return f"shard-{number:05d}.safetensors"
+
+
+def save_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """One shard, atomically: a killed writer leaves a hidden temporary file, never a truncated shard."""
+    write_file_atomic(save({k: t.contiguous() for k, t in tensors.items()}, metadata=metadata), path)
+
+
+def shard_metadata(path: Path) -> dict[str, str] | None:
+    """The string metadata a shard was saved with; None when the file is missing or not a readable shard."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return f.metadata() or {}
+    except (OSError, SafetensorError):
+        return None
 
 
 def write_index(out: Path, shards: list[dict], meta: dict) -> Path:

@@ -116,5 +116,15 @@ def broadcast_object(rt: Runtime, obj: object) -> object:
     return box[0]
 
 
+def raise_on_all(rt: Runtime, error: str | None) -> None:
+    """Every rank raises UserError(message) when any rank met one (the lowest rank's message), so no rank is left
+    waiting in a collective for a peer that stopped on bad input."""
+    errors = [e for e in all_gather_object(rt, error) if e]
+    if errors:
+        from .errors import UserError
+
+        raise UserError(errors[0])
+
+
 def hostname() -> str:
     return socket.gethostname()

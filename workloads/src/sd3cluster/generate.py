@@ -26,6 +26,8 @@ import numpy as np
 from .config import Config, GenerateConfig
 from .dist import Runtime, all_gather_object, barrier, broadcast_object
 from .errors import UserError
+from .files import keep_settings, write_file_atomic
+from .progress import Progress
 
 SETTINGS = "generate.json"
 MANIFEST = "manifest.jsonl"
@@ -150,22 +152,10 @@ def model_identity(cfg: Config, checkpoint: Path | None) -> str:
 
 
 def check_settings(out: Path, settings: dict[str, Any]) -> None:
-    path = out / SETTINGS
-    if path.is_file():
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            old = None
-        if isinstance(old, dict):
-            differ = sorted(k for k in settings if old.get(k) != settings[k])
-            if differ:
-                shown = "; ".join(f"{k}: {old.get(k)!r} before, {settings[k]!r} now" for k in differ)
-                raise UserError(f"{out} holds images made with other settings ({shown}); pick a new --out folder, "
-                                "or rerun with the old settings to finish that set")
-            return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(settings, indent=2) + "\n")
-    os.replace(tmp, path)
+    differ = keep_settings(out / SETTINGS, settings)
+    if differ:
+        raise UserError(f"{out} holds images made with other settings ({'; '.join(differ)}); pick a new --out "
+                        "folder, or rerun with the old settings to finish that set")
 
 
 def check_out(out: Path | None) -> Path:
@@ -191,16 +181,6 @@ def png_bytes(image: np.ndarray, record: dict[str, Any], compress_level: int = 6
     return buffer.getvalue()
 
 
-def write_file_atomic(data: bytes, path: Path) -> None:
-    """Temporary name, fsync, rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_png(image: np.ndarray, path: Path, record: dict[str, Any]) -> None:
     write_file_atomic(png_bytes(image, record), path)
 
@@ -209,45 +189,6 @@ def item_record(item: WorkItem, g: GenerateConfig, model: str) -> dict[str, Any]
     return {"file": f"images/{item.name}", "prompt": item.prompt, "negative_prompt": item.negative_prompt,
             "prompt_index": item.prompt_index, "image_index": item.image_index, "seed": item.seed,
             "steps": g.steps, "guidance": g.guidance, "width": item.width, "height": item.height, "model": model}
-
-
-def _fmt_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-class Progress:
-    """Rank 0: a line every few seconds (done/total, images/s, ETA) and progress.json for the monitoring."""
-
-    def __init__(self, rt: Runtime, out: Path, total: int, done_before: int, workers_count: int, every_s: float):
-        self.rt, self.out, self.total, self.every_s = rt, out, total, every_s
-        self.done_before, self.workers = done_before, workers_count
-        self.made = 0
-        self.start = self.last = time.perf_counter()
-
-    def rate(self) -> float:
-        """Images/s of the whole job, estimated from this worker's pace (workers run equal batches)."""
-        elapsed = time.perf_counter() - self.start
-        return self.made * self.workers / elapsed if elapsed > 0 and self.made else 0.0
-
-    def update(self, made: int, force: bool = False, finished: bool = False, done: int | None = None) -> None:
-        self.made += made
-        if not self.rt.is_main or not (force or time.perf_counter() - self.last >= self.every_s):
-            return
-        self.last = time.perf_counter()
-        done = min(self.total, self.done_before + self.made * self.workers) if done is None else done
-        rate = self.rate()
-        eta = (self.total - done) / rate if rate > 0 else None
-        if not finished:
-            print(f"[generate] {done}/{self.total} images ({100 * done / self.total:.0f}%), {rate:.2f} images/s, "
-                  f"ETA {_fmt_duration(eta) if eta is not None else '?'}", flush=True)
-        state = {"done": done, "total": self.total, "images_per_s": rate, "eta_s": eta, "finished": finished,
-                 "time": time.time()}
-        tmp = self.out / f".{PROGRESS}.tmp"
-        tmp.write_text(json.dumps(state) + "\n")
-        os.replace(tmp, self.out / PROGRESS)
 
 
 def _validate_launch(rt: Runtime, g: GenerateConfig) -> None:
@@ -325,7 +266,7 @@ def generate(cfg: Config, rt: Runtime) -> dict[str, Any]:
     pipe = load_pipeline(cfg.model.preset, device, dtype, g.pretrained, checkpoint, "latest", g.ema,
                          g.max_sequence_length, g.compile, log=print if rt.is_main else (lambda _: None),
                          lora=g.lora, lora_scale=g.lora_scale)
-    progress = Progress(rt, out, len(items), done_before, n_workers, g.progress_every_s)
+    progress = Progress(rt, len(items), done_before, n_workers, g.progress_every_s, "generate", out / PROGRESS)
     parts = out / ".parts"
     parts.mkdir(exist_ok=True)
     made, seconds = 0, 0.0

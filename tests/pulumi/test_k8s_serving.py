@@ -272,8 +272,8 @@ def test_misspelled_stack_key_is_refused_with_a_suggestion():
 
 
 def test_load_config_refuses_a_key_set_in_the_stack_but_unknown(pulumi_mocks):
-    """What `pulumi up` reads: every key of the project's namespace, not only the known ones."""
-    project = pulumi.get_project()
+    """What `pulumi up` reads: every key of the project's namespace (Pulumi.yaml's name), not only the known ones."""
+    project = "sd3-cluster-k8s"
     saved = dict(pulumi.runtime.config.CONFIG.get())
     try:
         pulumi.runtime.set_all_config({f"{project}:image": "registry.example.com/sd3cluster:0.1.0",

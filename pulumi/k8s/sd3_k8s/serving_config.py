@@ -3,11 +3,23 @@ nodes, its autoscaling, and optional CPU-only pods beside it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .settings import ConfigError, boolean, integer, key, label, mapping, refuse_unknown_keys
+from .settings import (
+    CPU_FORM,
+    CPU_QUANTITY,
+    ConfigError,
+    boolean,
+    integer,
+    key,
+    label,
+    mapping,
+    refuse_unknown_keys,
+    string,
+)
 
 SECTION = "serving."
 CPU_SECTION = "serving.cpuWorkers."
@@ -19,7 +31,7 @@ SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 # host, port, device, pretrained and name belong to the stack: the pods must listen where the probes and the
 # Service look, on the GPU the pod was given, on the weights volume.
 SERVE_SETTINGS: dict[str, type | tuple[type, ...]] = {
-    "checkpoint": str, "step": (int, str), "ema": bool, "dtype": str, "compile": bool, "warmup": bool,
+    "checkpoint": str, "step": (int, str), "ema": bool, "lora": str, "lora_scale": (int, float), "dtype": str, "compile": bool, "warmup": bool,
     "max_batch": int, "max_wait_ms": (int, float), "queue_size": int, "request_timeout_s": (int, float),
     "drain_timeout_s": (int, float), "drain_grace_s": (int, float), "output_dir": str,
     "default_steps": int, "max_steps": int, "default_guidance": (int, float), "max_guidance": (int, float),
@@ -164,12 +176,15 @@ def _cpu_workers(raw: Any, default_image: str, serving_name: str) -> CpuWorkersC
     if port is not None and not 1024 <= port <= 65535:
         raise ConfigError(f"{key('port', CPU_SECTION)} is {port}: use a port from 1024 to 65535 (the image's user "
                           "is not root)")
+    image = str(raw.get("image") or default_image)
+    if " " in image:
+        raise ConfigError(f"{key('image', CPU_SECTION)} is '{image}': give an image reference without spaces")
     return CpuWorkersConfig(
         name=label(raw, "name", f"{serving_name}-cpu", CPU_SECTION),
-        image=str(raw.get("image") or default_image),
+        image=image,
         args=tuple(args),
         replicas=replicas,
-        cpu=str(raw.get("cpu", "2")),
+        cpu=string(raw, "cpu", "2", CPU_SECTION, pattern=CPU_QUANTITY, form=CPU_FORM),
         memory_gi=memory,
         port=port,
     )
@@ -213,11 +228,15 @@ def parse_serving(raw: Any, default_image: str, default_claim: str, monitoring: 
     for setting, value in (("pollingIntervalS", polling), ("scaleDownWindowS", window)):
         if not 1 <= value <= 3600:
             raise ConfigError(f"{key(setting, SECTION)} is {value}: use 1 to 3600 seconds")
-    prometheus_url = str(raw.get("prometheusUrl") or (STACK_PROMETHEUS if monitoring else ""))
+    prometheus_url = str(string(raw, "prometheusUrl", None, SECTION) or (STACK_PROMETHEUS if monitoring else ""))
+    if prometheus_url and not re.match(r"^https?://[^\s/]+", prometheus_url):
+        raise ConfigError(f"{key('prometheusUrl', SECTION)} is '{prometheus_url}': give the URL of a Prometheus, "
+                          "e.g. http://prometheus.monitoring.svc:9090")
     if autoscaling and not prometheus_url.startswith(("http://", "https://")):
         raise ConfigError(f"{key('prometheusUrl', SECTION)} is '{prometheus_url}': autoscaling reads the queue depth "
                           "from Prometheus; with monitoring off, give your Prometheus URL (http://...:9090) or set "
                           f"{key('autoscaling', SECTION)} to false")
+    cpu = string(raw, "cpu", None, SECTION, pattern=CPU_QUANTITY, form=CPU_FORM)
     memory = integer(raw, "memoryGi", None, SECTION)
     if memory is not None and memory < 1:
         raise ConfigError(f"{key('memoryGi', SECTION)} is {memory}: give 1 GiB or more")
@@ -248,7 +267,7 @@ def parse_serving(raw: Any, default_image: str, default_claim: str, monitoring: 
         polling_interval_s=polling,
         scale_down_window_s=window,
         prometheus_url=prometheus_url,
-        cpu=str(raw["cpu"]) if raw.get("cpu") is not None else None,
+        cpu=cpu,
         memory_gi=memory,
         pre_stop_s=pre_stop,
         service_type=service_type,

@@ -32,10 +32,12 @@ def refuse_unknown_keys(given: Mapping[str, Any], known: tuple[str, ...], where:
     def closeness(candidate: str) -> float:
         return max(difflib.SequenceMatcher(None, name.lower(), candidate.lower()).ratio() for name in unknown)
 
+    # Compared without case: `EFA` for `efa` is the same slip as a missing letter.
+    by_lower = {candidate.lower(): candidate for candidate in known}
     hints = []
     for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+        hints.append(f"'{name}'" + (f" (did you mean '{by_lower[close[0]]}'?)" if close else ""))
     ordered = sorted(known, key=closeness, reverse=True)
     raise ConfigError(f"{where} has unknown keys: {', '.join(hints)}; the known keys, closest first: "
                       f"{', '.join(ordered)}")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from sd3_crd_schemas import SCHEMAS
 from sd3_k8s import serving as manifests
-from sd3_k8s.config import ConfigError, load_config, parse_config
+from sd3_k8s.config import ConfigError, K8sStackConfig, load_config, parse_config
 from sd3_k8s.serving_config import SERVE_SETTINGS, STACK_OWNED_SETTINGS
 from sd3_k8s.stack import build
 from sd3_pulumi_testing import K8S_VALUES, REPO, declare, integral
@@ -248,6 +248,11 @@ BAD_SERVING = [
     ({"cpuWorkers": {"replicas": 2}}, "serving.cpuWorkers.args is missing"),
     ({"cpuWorkers": {"args": ["x"], "port": 80}}, "serving.cpuWorkers.port is 80"),
     ({"cpuWorkers": {"args": ["x"], "replica": 2}}, "'replica' (did you mean 'replicas'?)"),
+    ({"cpu": "lots"}, "serving.cpu is 'lots': give cores"),
+    ({"prometheusUrl": "prometheus:9090"}, "serving.prometheusUrl is 'prometheus:9090': give the URL"),
+    ({"cpuWorkers": {"args": ["x"], "cpu": "2 cores"}}, "serving.cpuWorkers.cpu is '2 cores'"),
+    ({"cpuWorkers": {"args": ["x"], "image": "my image"}}, "serving.cpuWorkers.image is 'my image'"),
+    ({"settings": {"lora_scale": "strong"}}, "serving.settings.lora_scale is 'strong'"),
 ]
 
 
@@ -312,3 +317,41 @@ def test_the_example_stack_sets_every_key_and_is_valid():
     assert set(values["serving"]["cpuWorkers"]) == set(CPU_WORKER_KEYS)
     config = parse_config(values)
     assert config.serving is not None and config.serving.cpu_workers is not None
+
+
+def _load(settings: dict[str, str]) -> K8sStackConfig:
+    """load_config() as `pulumi up` runs it, on these stack settings (namespace sd3-cluster-k8s)."""
+    saved = dict(pulumi.runtime.config.CONFIG.get())
+    try:
+        pulumi.runtime.set_all_config({"sd3-cluster-k8s:image": "registry.example.com/sd3cluster:0.1.0",
+                                       "sd3-cluster-k8s:storageClassName": "efs-sc", **settings})
+        return load_config()
+    finally:
+        pulumi.runtime.set_all_config(saved)
+
+
+def test_unknown_key_lists_the_known_keys_closest_first():
+    from sd3_k8s.config import CONFIG_KEYS
+
+    with pytest.raises(ConfigError) as caught:
+        _load({"sd3-cluster-k8s:monitorin": "false"})
+    listed = str(caught.value).split("closest first: ", 1)[1].split(", ")
+    assert listed[0] == "monitoring" and set(listed) == set(CONFIG_KEYS)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"sd3-cluster-k8s:serving": "/weights/models/sd3-medium"},
+     "sd3-cluster-k8s:serving is '/weights/models/sd3-medium', plain text, but it is a map: "
+     "`pulumi config set --path serving.pretrained /weights/models/sd3-medium`"),
+    ({"sd3-cluster-k8s:nodeSelector": "pool=gpu"},
+     "sd3-cluster-k8s:nodeSelector is 'pool=gpu', plain text, but it is a map of node labels"),
+    ({"sd3-cluster-k8s:serving": '{"pretrained": "/weights/m"'}, "sd3-cluster-k8s:serving is '{\"pretrained\""),
+])
+def test_plain_text_for_a_map_is_explained(pulumi_mocks, settings, message):
+    with pytest.raises(ConfigError) as caught:
+        _load(settings)
+    assert not isinstance(caught.value, pulumi.ConfigTypeError)
+    assert message in str(caught.value)
+    # __main__ turns ConfigError into a RunError `from None`: no cause here may bring a traceback back.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert pulumi_mocks.resources == []

@@ -31,7 +31,8 @@ SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 # host, port, device, pretrained and name belong to the stack: the pods must listen where the probes and the
 # Service look, on the GPU the pod was given, on the weights volume.
 SERVE_SETTINGS: dict[str, type | tuple[type, ...]] = {
-    "checkpoint": str, "step": (int, str), "ema": bool, "lora": str, "lora_scale": (int, float), "dtype": str, "compile": bool, "warmup": bool,
+    "checkpoint": str, "step": (int, str), "ema": bool, "lora": str, "lora_scale": (int, float), "dtype": str,
+    "compile": bool, "warmup": bool,
     "max_batch": int, "max_wait_ms": (int, float), "queue_size": int, "request_timeout_s": (int, float),
     "drain_timeout_s": (int, float), "drain_grace_s": (int, float), "output_dir": str,
     "default_steps": int, "max_steps": int, "default_guidance": (int, float), "max_guidance": (int, float),

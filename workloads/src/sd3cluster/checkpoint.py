@@ -127,12 +127,15 @@ def _failure_reason(path: Path, e: BaseException, dcp_messages: list[str]) -> st
     inner = e
     failures = getattr(e, "failures", None)
     if isinstance(failures, dict) and failures:
-        wrapped = next(iter(failures.values()))
-        inner = getattr(wrapped, "exc", wrapped)
+        wrapped = next(iter(failures.values()))  # (exception, stack summary) per failed rank
+        inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
     text = str(inner).splitlines()[0][:300] if str(inner) else ""
     reason = f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+    if isinstance(inner, EOFError):
+        reason += ", a file of it ends too early"
     if any("metadata is not found" in m.lower() for m in dcp_messages):
-        return f"its {path / '.metadata'} cannot be read ({reason})"
+        cause = text.split("global metadata read failed: ", 1)[-1].split("; rank local", 1)[0]
+        return f"{path / '.metadata'} is damaged: {cause}"
     filename = getattr(inner, "filename", None)
     return f"{filename}: {reason}" if filename and filename not in reason else reason
 

@@ -87,8 +87,8 @@ def check_device(command: str, cfg: Config) -> None:
     if not torch.cuda.is_available():
         named = f"{flag} cuda ({key})" if flag else f"{key}=cuda"
         raise UserError(f"{named}: torch sees no CUDA device here (CPU-only torch build, no driver, or "
-                        f"CUDA_VISIBLE_DEVICES hides them); choose one of {', '.join(DEVICE_CHOICES)} "
-                        "(auto: CUDA when present, else the CPU)")
+                        f"CUDA_VISIBLE_DEVICES hides them); use auto or cpu here (the choices: "
+                        f"{', '.join(DEVICE_CHOICES)}; auto takes CUDA when present, else the CPU)")
 
 
 def preflight(command: str, cfg: Config) -> None:

@@ -113,6 +113,10 @@ def preflight(command: str, cfg: Config) -> None:
             Variant.parse(spec)
         if cfg.bench.report is not None:
             writable_file(cfg.bench.report, "bench.report (--report)")
+    elif command == "generate" and cfg.generate.out is not None:
+        writable_folder(cfg.generate.out, "--out (generate.out)")
+    elif command == "serve" and cfg.serve.output_dir is not None:
+        writable_folder(cfg.serve.output_dir, "serve.output_dir (--output-dir)")
     elif command == "prepare":
         if cfg.prepare.out is not None:
             writable_folder(cfg.prepare.out, "prepare.out (--out)")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .checkpoint import MARKER, complete_checkpoints, is_complete
+from .checks import writable_folder
 from .config import ExportConfig
 from .errors import CheckpointError, UserError
 from .models import build_from_description, unfuse_state_dict
@@ -192,9 +193,7 @@ def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         kind = "a file" if not out.is_dir() else "a folder that is not empty"
         raise UserError(f"export.out {out} is {kind}; name a new folder (export never overwrites)")
-    parent = out.parent if out.parent != Path("") else Path(".")
-    if parent.exists() and not os.access(parent, os.W_OK):
-        raise UserError(f"export.out {out}: its parent folder is not writable")
+    writable_folder(out, "export.out (--out)")
 
 
 def _copy_base(base: Path, dest: Path, link: bool) -> list[str]:

@@ -245,6 +245,10 @@ BAD_SERVING = [
     ({"settings": {"port": 8000}}, "serving.settings.port is set by the stack"),
     ({"settings": {"drain_timeout_s": 0}}, "drain_timeout_s is 0: give more than 0"),
     ({"settings": {"drain_grace_s": -1}}, "drain_grace_s is -1: give 0 or more"),
+    ({"settings": {"max_batch": 100}}, "serving.settings.max_batch is 100: give 1 to 64"),
+    ({"settings": {"png_compress_level": 12}}, "serving.settings.png_compress_level is 12: give 0 to 9"),
+    ({"settings": {"dtype": "int8"}}, "serving.settings.dtype is 'int8': use auto, bf16, fp16, fp32"),
+    ({"settings": {"step": "newest"}}, "serving.settings.step is 'newest': give a step number or latest"),
     ({"cpuWorkers": {"replicas": 2}}, "serving.cpuWorkers.args is missing"),
     ({"cpuWorkers": {"args": ["x"], "port": 80}}, "serving.cpuWorkers.port is 80"),
     ({"cpuWorkers": {"args": ["x"], "replica": 2}}, "'replica' (did you mean 'replicas'?)"),
@@ -303,6 +307,23 @@ def test_serve_settings_are_those_of_the_serve_command():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                             check=True)
     assert set(json.loads(result.stdout)) == set(SERVE_SETTINGS) | set(STACK_OWNED_SETTINGS)
+
+
+def test_serve_setting_ranges_are_those_of_the_serve_command():
+    """The stack's copy of serve's ranges against ServeConfig's own bounds (this repository's workloads/src)."""
+    from sd3_k8s.serving_config import SERVE_RANGES
+
+    code = ("import json; from sd3cluster.config import ServeConfig; print(json.dumps({n: {type(m).__name__: "
+            "getattr(m, type(m).__name__.lower()) for m in f.metadata} for n, f in ServeConfig.model_fields.items() "
+            "if f.metadata}))")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workloads" / "src")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                            check=True)
+    bounds = {name: b for name, b in json.loads(result.stdout).items() if name not in STACK_OWNED_SETTINGS}
+    assert set(bounds) == set(SERVE_RANGES)
+    for name, b in bounds.items():
+        low = b.get("Ge", b.get("Gt"))
+        assert SERVE_RANGES[name] == (low, b.get("Le"), "Gt" in b), name
 
 
 def test_the_example_stack_sets_every_key_and_is_valid():

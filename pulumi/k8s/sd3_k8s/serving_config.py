@@ -41,6 +41,18 @@ SERVE_SETTINGS: dict[str, type | tuple[type, ...]] = {
     "png_compress_level": int,
 }
 STACK_OWNED_SETTINGS = ("host", "port", "device", "pretrained", "name")
+# The ranges `sd3cluster serve` accepts for those settings (its ServeConfig; a test compares the two), checked
+# here so a wrong value stops `pulumi up` instead of every pod at start: name -> (low, high, low excluded).
+SERVE_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+    "lora_scale": (0, 10, False), "max_sequence_length": (1, 512, False), "max_batch": (1, 64, False),
+    "max_wait_ms": (0, 10000, False), "queue_size": (1, None, False), "request_timeout_s": (0, None, True),
+    "drain_timeout_s": (0, None, True), "drain_grace_s": (0, None, False), "job_ttl_s": (0, None, True),
+    "png_compress_level": (0, 9, False), "default_steps": (1, 1000, False), "max_steps": (1, 1000, False),
+    "default_guidance": (0, 100, False), "max_guidance": (0, 100, False), "default_size": (16, 8192, False),
+    "min_side": (16, 8192, False), "max_side": (16, 8192, False), "max_pixels": (256, None, False),
+    "max_n": (1, 64, False), "max_prompt_chars": (1, None, False), "max_body_bytes": (1024, None, False),
+}
+SERVE_CHOICES: dict[str, tuple[str, ...]] = {"dtype": ("auto", "bf16", "fp16", "fp32")}
 # `sd3cluster serve`'s own defaults of the two settings the pods' termination time is made from.
 DEFAULT_DRAIN_TIMEOUT_S = 600
 DEFAULT_DRAIN_GRACE_S = 5
@@ -150,10 +162,16 @@ def _serve_settings(raw: Any) -> dict[str, Any]:
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             names = " or ".join(t.__name__ for t in types)
             raise ConfigError(f"{where}.{name} is {value!r}: give a {names}")
-    if "drain_timeout_s" in raw and raw["drain_timeout_s"] <= 0:
-        raise ConfigError(f"{where}.drain_timeout_s is {raw['drain_timeout_s']}: give more than 0 seconds")
-    if "drain_grace_s" in raw and raw["drain_grace_s"] < 0:
-        raise ConfigError(f"{where}.drain_grace_s is {raw['drain_grace_s']}: give 0 or more seconds")
+        if name in SERVE_RANGES:
+            low, high, low_excluded = SERVE_RANGES[name]
+            below = low is not None and (value <= low if low_excluded else value < low)
+            if below or (high is not None and value > high):
+                shown = f"more than {low}" if low_excluded else f"{low} or more" if high is None else f"{low} to {high}"
+                raise ConfigError(f"{where}.{name} is {value}: give {shown}")
+        if name in SERVE_CHOICES and value not in SERVE_CHOICES[name]:
+            raise ConfigError(f"{where}.{name} is {value!r}: use {', '.join(SERVE_CHOICES[name])}")
+        if name == "step" and isinstance(value, str) and value != "latest":
+            raise ConfigError(f"{where}.step is {value!r}: give a step number or latest")
     return dict(raw)
 
 

@@ -184,6 +184,34 @@ def test_checkpoint_of_other_model_settings_names_the_differing_keys(capsys, tmp
     assert snapshot(ck) == before and not (tmp_path / "out").exists()
 
 
+def test_no_cuda_names_the_one_cause_of_three(capsys, workdir, monkeypatch):
+    """A CPU-only build, CUDA_VISIBLE_DEVICES hiding the GPUs, or no GPU/driver: each is told apart."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["generate", "--device", "cuda", "--prompts", "p.txt", "--out", "out"]
+    monkeypatch.setattr(torch.version, "cuda", None)
+    fails_cleanly(capsys, args, "--device cuda (generate.device)", "CPU-only build")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    line = fails_cleanly(capsys, args, "CUDA_VISIBLE_DEVICES='' hides every GPU")
+    assert "CPU-only" not in line
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    line = fails_cleanly(capsys, args, "no usable GPU or NVIDIA driver")
+    assert "CPU-only" not in line and "CUDA_VISIBLE_DEVICES" not in line
+    assert not (workdir / "out").exists()
+
+
+def test_export_of_an_incomplete_step_names_the_missing_part(capsys, workdir, checkpoint_run):
+    import shutil
+
+    shutil.copytree(checkpoint_run / "ck", workdir / "ck")
+    (workdir / "ck" / "step-00000001" / MARKER).unlink()
+    line = fails_cleanly(capsys, ["export", "--checkpoint", "ck/step-00000001", "--out", "model"],
+                         f"it has no {MARKER} (its save was cut off)")
+    assert "trainer.json" not in line and not (workdir / "model").exists()
+
+
 # -- the handler ----------------------------------------------------------------------------------------------
 USER_ERRORS = [
     ["train", "--device", "cpu", "--data", "/nonexistent/shards", "--output-dir", "OUT"],

@@ -86,9 +86,20 @@ def check_device(command: str, cfg: Config) -> None:
 
     if not torch.cuda.is_available():
         named = f"{flag} cuda ({key})" if flag else f"{key}=cuda"
-        raise UserError(f"{named}: torch sees no CUDA device here (CPU-only torch build, no driver, or "
-                        f"CUDA_VISIBLE_DEVICES hides them); use auto or cpu here (the choices: "
+        raise UserError(f"{named}: {why_no_cuda()}; use auto or cpu here (the choices: "
                         f"{', '.join(DEVICE_CHOICES)}; auto takes CUDA when present, else the CPU)")
+
+
+def why_no_cuda() -> str:
+    """The one reason torch sees no CUDA device, of the three there are, so the user fixes the right thing."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build of torch for GPUs"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from this process"
+    return "torch finds no usable GPU or NVIDIA driver on this machine (nvidia-smi shows what the driver sees)"
 
 
 def preflight(command: str, cfg: Config) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import MARKER, complete_checkpoints, is_complete
+from .checkpoint import MARKER, complete_checkpoints, is_complete, missing_parts
 from .checks import writable_folder
 from .config import ExportConfig
 from .errors import CheckpointError, UserError
@@ -40,8 +40,8 @@ def resolve_checkpoint(path: Path, step: int | str = "latest") -> Path:
         raise CheckpointError(f"checkpoint {path} is a file; pass the run's checkpoint folder (checkpoint.dir)")
     if (path / ".metadata").is_file() or (path / MARKER).is_file():
         if not is_complete(path):
-            raise CheckpointError(f"checkpoint {path} is incomplete (no {MARKER} marker, .metadata or trainer.json): "
-                                  "its save was cut off; pick another step")
+            raise CheckpointError(f"checkpoint {path} is incomplete: it has no {', '.join(missing_parts(path))} (its "
+                                  "save was cut off); pick another step")
         return path
     done = complete_checkpoints(path)
     if not done:

@@ -147,8 +147,10 @@ class ShardDataset:
                 raise DataError(f"shard {self.folder / shard['file']} listed in {index_path} is missing")
             self.starts.append(self.starts[-1] + shard["samples"])
             # Opening reads and checks the header (and that the file is as long as it says): a damaged shard
-            # stops the run here, before anything is written, not at the step that first reads it.
-            self._handle(number)
+            # stops the run here, before anything is written, not at the step that first reads it. Closed again:
+            # a big dataset's shards are opened as the epoch reaches them, not all at once.
+            with self._open(number):
+                pass
 
     def _damaged(self, shard: int, problem: str) -> DataError:
         path = self.folder / self.shards[shard]["file"]
@@ -168,17 +170,21 @@ class ShardDataset:
             out += [number[tuple(shard["bucket"])]] * shard["samples"]
         return out
 
+    def _open(self, shard: int):
+        """The shard's safetensors handle, after checking it holds the keys and samples the index lists."""
+        try:
+            handle = safe_open(str(self.folder / self.shards[shard]["file"]), "pt")
+            sizes = {k: handle.get_slice(k).get_shape() for k in KEYS}
+        except Exception as e:  # safetensors' own error type names neither the file nor the fix
+            raise self._damaged(shard, str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
+        if any(not size or size[0] < self.shards[shard]["samples"] for size in sizes.values()):
+            raise self._damaged(shard, f"it holds fewer samples than the {self.shards[shard]['samples']} {INDEX} "
+                                "lists")
+        return handle
+
     def _handle(self, shard: int):
         if shard not in self._handles:
-            try:
-                handle = safe_open(str(self.folder / self.shards[shard]["file"]), "pt")
-                sizes = {k: handle.get_slice(k).get_shape() for k in KEYS}
-            except Exception as e:  # safetensors' own error type names neither the file nor the fix
-                raise self._damaged(shard, str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
-            if any(size[0] < self.shards[shard]["samples"] for size in sizes.values()):
-                raise self._damaged(shard, f"it holds fewer samples than the {self.shards[shard]['samples']} "
-                                    f"{INDEX} lists")
-            self._handles[shard] = handle
+            self._handles[shard] = self._open(shard)
         return self._handles[shard]
 
     def get(self, indices: list[int]) -> Batch:

@@ -313,9 +313,10 @@ def test_serve_setting_ranges_are_those_of_the_serve_command():
     """The stack's copy of serve's ranges against ServeConfig's own bounds (this repository's workloads/src)."""
     from sd3_k8s.serving_config import SERVE_RANGES
 
-    code = ("import json; from sd3cluster.config import ServeConfig; print(json.dumps({n: {type(m).__name__: "
-            "getattr(m, type(m).__name__.lower()) for m in f.metadata} for n, f in ServeConfig.model_fields.items() "
-            "if f.metadata}))")
+    # Numeric bounds only (annotated_types' Ge/Gt/Le/Lt); other metadata (a text pattern, a length) is not a range.
+    code = ("import json; from sd3cluster.config import ServeConfig; b = {n: {type(m).__name__: "
+            "getattr(m, type(m).__name__.lower()) for m in f.metadata if type(m).__name__ in ('Ge', 'Gt', 'Le', 'Lt')}"
+            " for n, f in ServeConfig.model_fields.items()}; print(json.dumps({n: v for n, v in b.items() if v}))")
     env = {**os.environ, "PYTHONPATH": str(REPO / "workloads" / "src")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                             check=True)

@@ -167,10 +167,14 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
                           f"at most {MAX_SPOT_PRICE_USD}, e.g. 40.5 (leave it unset for up to the On-Demand price)")
 
     ssh_public_key = str(_string(values, "sshPublicKey", "")).strip()
+    key_hint = "`pulumi config set sshPublicKey \"$(cat ~/.ssh/id_ed25519.pub)\"`"
+    if not ssh_public_key:
+        raise ConfigError(f"{_key('sshPublicKey')} is missing: the key pair of every node is made from it; {key_hint}")
     if not _SSH_KEY.match(ssh_public_key):
+        shown = ssh_public_key if len(ssh_public_key) <= 40 else ssh_public_key[:40] + "..."
         raise ConfigError(
-            f"{_key('sshPublicKey')} is missing or not an OpenSSH public key: "
-            "`pulumi config set sshPublicKey \"$(cat ~/.ssh/id_ed25519.pub)\"`")
+            f"{_key('sshPublicKey')} is '{shown}', not an OpenSSH public key (a line such as ssh-ed25519 AAAA... "
+            f"from a .pub file, never the private key): {key_hint}")
 
     shared = str(_string(values, "sharedFileSystem", "fsx-lustre"))
     if shared not in SHARED_FILESYSTEMS:

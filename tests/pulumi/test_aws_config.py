@@ -58,8 +58,8 @@ def test_good_config_reads_types_and_defaults():
         config.gpu_node_count = 8  # frozen
 
 
-def _run_main(config: dict[str, str]) -> RecordingMocks:
-    mocks = RecordingMocks()
+def _run_main(config: dict[str, str], mocks: RecordingMocks | None = None) -> RecordingMocks:
+    mocks = mocks or RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="sd3-cluster-aws", stack="test", preview=False)
     pulumi.runtime.set_all_config(config)
 
@@ -152,11 +152,21 @@ def test_unknown_key_lists_the_known_keys_closest_first():
     assert set(listed) == set(CONFIG_KEYS)
 
 
-def test_main_refuses_a_misspelled_key_before_any_resource():
-    """What `pulumi up` reads: every key of the namespace, so a misspelled one cannot hide behind its default."""
-    with pytest.raises(pulumi.RunError, match=r"'gpuNodeCounts' \(did you mean 'gpuNodeCount'\?\)") as caught:
-        _run_main(_stack_config(gpuNodeCounts="8"))
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"gpuNodeCounts": "8"}, "'gpuNodeCounts' (did you mean 'gpuNodeCount'?)"),
+    ({"sharedFilesystem": "efs"}, "'sharedFilesystem' (did you mean 'sharedFileSystem'?)"),
+    ({"availabilityZone": "us-east-1"}, "sd3-cluster-aws:availabilityZone is 'us-east-1'"),
+    ({"purchaseOption": "spot", "spotMaxPrice": "$40"}, "sd3-cluster-aws:spotMaxPrice is '$40'"),
+])
+def test_main_refuses_what_it_used_to_accept_before_any_resource(overrides, message):
+    """What `pulumi up` runs: every key of the namespace is read, so a misspelled one cannot hide behind its
+    default, and every value is checked; the stop is Pulumi's RunError with our message alone (no traceback)."""
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as caught:
+        _run_main(_stack_config(**overrides), mocks)
+    assert message in str(caught.value)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert mocks.resources == []
 
 
 # -- a list or map given as plain text: explained, not Pulumi's bare ConfigTypeError ------------------------------
@@ -171,7 +181,7 @@ def test_main_refuses_a_misspelled_key_before_any_resource():
 def test_plain_text_for_a_list_or_map_is_explained(overrides, message):
     mocks = RecordingMocks()
     with pytest.raises(pulumi.RunError) as caught:
-        mocks = _run_main(_stack_config(**overrides))
+        _run_main(_stack_config(**overrides), mocks)
     assert not isinstance(caught.value, pulumi.ConfigTypeError)
     assert message in str(caught.value)
     # RunError prints its message alone; a cause or context would bring the traceback back.

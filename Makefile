@@ -72,7 +72,10 @@ test-full: host-prereqs venv lint unit container molecule e2e e2e-full ## Every 
 
 lint: venv syntax ## yamllint (strict), ansible-lint (production), ruff
 	@echo "[lint] yamllint"; $(BIN)/yamllint -s .
-	@echo "[lint] ansible-lint"; $(BIN)/ansible-lint -q --profile production
+	@# Its syntax checks read the default inventory, which exists only once `make cluster-up` has written it;
+	@# ansible.cfg makes an inventory that does not parse an error, which a syntax check does not need.
+	@echo "[lint] ansible-lint"; ANSIBLE_INVENTORY_UNPARSED_FAILED=false ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED=false \
+	  $(BIN)/ansible-lint -q --profile production
 	@echo "[lint] ruff"; $(BIN)/ruff check .
 	@echo "[lint] hadolint"; $(BIN)/hadolint workloads/Containerfile
 

@@ -64,7 +64,8 @@ def test_serve_settings_put_the_workers_own_address_over_the_roles():
     doc = inf.inference_serve_config(worker, {"pretrained": "", "request_timeout_s": 60, "dtype": "auto"},
                                      {"max_batch": 2}, "tiny")
     assert doc["serve"] == {"host": "10.213.0.102", "port": 8100, "name": "node2-cpu0", "device": "cpu",
-                            "request_timeout_s": 60, "dtype": "auto", "max_batch": 2}  # empty pretrained left out
+                            "job_prefix": "node2-cpu0", "request_timeout_s": 60, "dtype": "auto",
+                            "max_batch": 2}  # empty pretrained left out
     assert doc["model"] == {"preset": "tiny"}
     assert "model" not in inf.inference_serve_config(worker, {}, {}, "")
 
@@ -265,7 +266,8 @@ def test_the_worker_unit_drains_before_systemd_kills_and_restarts_on_failure():
 
 def test_nginx_retries_elsewhere_waits_past_the_deadline_and_limits_the_body():
     d = defaults()
-    conf = render("nginx.conf.j2")
+    workers = inf.inference_workers("gpu01", "10.0.0.1", 2, 8100) + inf.inference_workers("cpu01", "10.0.0.2", 0, 8100)
+    conf = render("nginx.conf.j2", __inference_all_workers=workers)
     assert "include /etc/nginx/sd3-inference/upstream.conf;" in conf
     assert f"listen {d['inference_balancer_port']};" in conf
     assert "proxy_next_upstream error timeout http_502 http_503 non_idempotent;" in conf  # a 429 goes to the client
@@ -274,6 +276,22 @@ def test_nginx_retries_elsewhere_waits_past_the_deadline_and_limits_the_body():
     assert read > d["inference_request_timeout_s"]
     assert f"client_max_body_size {d['inference_max_body_bytes']};" in conf
     assert "proxy_pass http://sd3_inference;" in conf and 'proxy_set_header Connection "";' in conf
+
+
+def test_nginx_sends_a_job_to_the_worker_that_holds_it():
+    workers = inf.inference_workers("gpu01", "10.0.0.1", 2, 8100) + inf.inference_workers("cpu01", "10.0.0.2", 0, 8100)
+    conf = render("nginx.conf.j2", __inference_all_workers=workers)
+    mapping = re.search(r"map \$sd3_job_route \$sd3_job_worker \{(.*?)\n\}", conf, re.S).group(1)
+    routes = dict(line.strip().rstrip(";").split() for line in mapping.splitlines() if line.strip())
+    assert routes == {"default": '""', "gpu01-cuda0": "10.0.0.1:8100", "gpu01-cuda1": "10.0.0.1:8101",
+                      "cpu01-cpu0": "10.0.0.2:8100"}
+    location = re.search(r'location ~ "(.*?)" \{(.*?)\n    \}', conf, re.S)
+    pattern = location.group(1).replace("?<", "?P<")  # PCRE's named group, in Python's spelling
+    job_id = "gpu01-cuda1-" + "0123456789abcdef" * 2  # what that worker's serve hands out (serve.job_prefix)
+    assert re.match(pattern, f"/v1/jobs/{job_id}").group("sd3_job_route") == "gpu01-cuda1"
+    assert re.match(pattern, "/v1/jobs/0123456789abcdef0123456789abcdef") is None  # no worker named: balanced
+    body = location.group(2)
+    assert "proxy_pass http://$sd3_job_worker;" in body and "proxy_next_upstream off;" in body
 
 
 def test_every_knob_is_specified_and_documented():
@@ -320,6 +338,7 @@ def test_the_worker_settings_are_valid_for_sd3cluster_serve(inventory, tmp_path)
         path.write_text(yaml.safe_dump(doc))
         cfg = load_config(path)
         assert (cfg.serve.host, cfg.serve.port, cfg.serve.device) == ("10.10.0.11", worker["port"], worker["device"])
+        assert cfg.serve.job_prefix == worker["name"]  # the balancer's job route
         assert cfg.serve.request_timeout_s == values["inference_request_timeout_s"]
         assert cfg.serve.drain_timeout_s == values["inference_drain_timeout_s"]
         assert cfg.serve.max_body_bytes == values["inference_max_body_bytes"]

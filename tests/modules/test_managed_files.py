@@ -139,12 +139,16 @@ def test_a_symlink_is_replaced_by_a_file(tmp_path):
     ({"path": "{tmp}/a", "content": "x", "mode": "17777"}, "out of range"),
     ({"path": "{tmp}/a"}, "state=present needs content"),
     ({"path": "{tmp}/no-folder/a", "content": "x"}, "does not exist; create it first"),
+    ({"path": "{tmp}/a/b", "content": "x", "_file_at": "{tmp}/a"}, "/a is not a folder (a file is there)"),
     ({"path": "{tmp}", "content": "x"}, "is a folder"),
     ({"path": "{tmp}/a", "content": "x", "owner": "no-such-user-sd3"}, "owner 'no-such-user-sd3' does not exist"),
 ])
 def test_bad_entries_fail_with_the_path_and_the_fix(tmp_path, entry, message):
     entry = {k: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for k, v in entry.items()}
+    file_at = entry.pop("_file_at", None)  # a file where the entry's folder should be
+    if file_at:
+        Path(file_at).write_text("in the way\n")
     result = run(tmp_path, files=[entry])
     assert result["failed"] is True
     assert message in result["msg"]
-    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "a").exists() or (tmp_path / "a").read_text() == "in the way\n"

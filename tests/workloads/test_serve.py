@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -108,7 +109,8 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     out = tmp_path_factory.mktemp("served")
-    s = Server("--output-dir", str(out), tmp_path=tmp_path_factory.mktemp("logs"))
+    s = Server("--output-dir", str(out), "--set", "serve.job_prefix=node1-cuda0",
+               tmp_path=tmp_path_factory.mktemp("logs"))
     s.output_dir = out
     s.wait_ready()
     yield s
@@ -235,6 +237,8 @@ def test_bad_requests_get_422_naming_the_field_and_never_reach_the_model(server:
 def test_jobs_finish_and_a_cancelled_job_is_never_made(server: Server):
     code, slow, headers = server.post("/v1/jobs", {"prompt": "slow", **SLOW})
     assert code == 202 and slow["status"] == "queued" and headers["location"] == f"/v1/jobs/{slow['id']}"
+    # The id names its worker (serve.job_prefix), so a balancer can route the job's GET/DELETE back to it.
+    assert re.fullmatch(r"node1-cuda0-[0-9a-f]{32}", slow["id"]), slow["id"]
     # Another shape: it cannot join the slow batch, so it waits in the queue while that one runs.
     code, doomed, _ = server.post("/v1/jobs", {"prompt": "never", "size": 32, "n": 3})
     assert code == 202

@@ -20,7 +20,7 @@ OWN_KNOBS = {
     "device": "the node's GPU count", "pretrained": "inference_model_dir",
     "request_timeout_s": "inference_request_timeout_s",
     "drain_timeout_s": "inference_drain_timeout_s", "drain_grace_s": "inference_drain_grace_s",
-    "max_body_bytes": "inference_max_body_bytes",
+    "max_body_bytes": "inference_max_body_bytes", "job_prefix": "the worker's name",
 }
 
 
@@ -61,8 +61,9 @@ def inference_serve_config(worker, settings, extra=None, preset=""):
                              + ", ".join(f"{k} (set it with {OWN_KNOBS[k]})" for k in clash))
     serve = {key: value for key, value in dict(settings).items() if value not in (None, "")}
     serve.update(extra)
+    # job_prefix: job ids start with the worker's name, which the balancer maps back to this worker.
     serve.update({"host": worker["address"], "port": worker["port"], "name": worker["name"],
-                  "device": worker["device"]})
+                  "device": worker["device"], "job_prefix": worker["name"]})
     document = {"serve": dict(sorted(serve.items()))}
     if preset:
         document["model"] = {"preset": str(preset)}

@@ -146,6 +146,13 @@ def read_current(path):
         st = os.lstat(path)
     except FileNotFoundError:
         return None, None
+    except NotADirectoryError:
+        # A file where a folder of the path should be is a different mistake from a missing folder: say which.
+        folder = os.path.dirname(path)
+        while folder != "/" and not os.path.isdir(os.path.dirname(folder)):
+            folder = os.path.dirname(folder)
+        raise FilesError(f"{path}: {folder} is not a folder (a file is there); move it away or choose another "
+                         "path") from None
     if stat.S_ISDIR(st.st_mode):
         raise FilesError(f"{path}: is a folder, not a file; remove it or choose another path")
     if not stat.S_ISREG(st.st_mode):

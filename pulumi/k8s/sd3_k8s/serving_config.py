@@ -38,7 +38,7 @@ SERVE_SETTINGS: dict[str, type | tuple[type, ...]] = {
     "default_steps": int, "max_steps": int, "default_guidance": (int, float), "max_guidance": (int, float),
     "default_size": int, "min_side": int, "max_side": int, "max_pixels": int, "max_n": int,
     "max_prompt_chars": int, "max_body_bytes": int, "max_sequence_length": int, "job_ttl_s": (int, float),
-    "png_compress_level": int,
+    "png_compress_level": int, "lora": str, "lora_scale": (int, float), "job_prefix": str,
 }
 STACK_OWNED_SETTINGS = ("host", "port", "device", "pretrained", "name")
 # The ranges `sd3cluster serve` accepts for those settings (its ServeConfig; a test compares the two), checked

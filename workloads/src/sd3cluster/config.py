@@ -281,6 +281,10 @@ class ServeConfig(_Section):
     drain_grace_s: float = Field(5.0, ge=0, description="SIGTERM: /readyz answers 503 at least this long before the "
                                  "listener closes, so balancers take the worker out first")
     job_ttl_s: float = Field(3600.0, gt=0, description="how long a finished /v1/jobs result is kept")
+    job_prefix: str = Field("", max_length=200, pattern=r"^[A-Za-z0-9._-]*$",
+                            description="start of every job id this worker hands out (PREFIX-<32 hex digits>), so "
+                            "a balancer can send GET/DELETE /v1/jobs/{id} to the worker that holds the job; "
+                            "letters, digits, '.', '_' and '-' (the inference role sets the worker's name)")
     output_dir: Path | None = Field(None, description="folder for response_format=path (the shared volume); "
                                     "unset: only b64_json")
     png_compress_level: int = Field(1, ge=0, le=9, description="zlib level of answered PNGs: 1 is several times "

@@ -50,8 +50,13 @@ def text_dims(preset: str) -> tuple[int, int]:
 
 
 def build_transformer(preset: str, pretrained: Path | None = None, device: torch.device | str | None = None,
-                      seed: int = 0) -> nn.Module:
-    """Random init (seeded, identical on every rank) or local diffusers weights; nothing is downloaded."""
+                      seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Random init (seeded, identical on every rank) or local diffusers weights; nothing is downloaded.
+
+    Local weights are read in `dtype` on the host before they move to `device`, so a bf16 base (LoRA) never
+    occupies the GPU in fp32: SD3.5-large's fp32 copy alone (30 GiB) would not fit the cards LoRA is for.
+    Random init always draws in fp32 (then casts), so a preset's seeded weights are the same for every caller.
+    """
     from diffusers import SD3Transformer2DModel
 
     if pretrained is not None:
@@ -60,12 +65,14 @@ def build_transformer(preset: str, pretrained: Path | None = None, device: torch
             folder = folder / "transformer"
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"--pretrained {pretrained}: no config.json there (nor in transformer/)")
-        model = SD3Transformer2DModel.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
+        model = SD3Transformer2DModel.from_pretrained(folder, local_files_only=True, torch_dtype=dtype)
         return model.to(device) if device is not None else model
     cfg = preset_config(preset)
     with torch.random.fork_rng(devices=[]), torch.device(device or "cpu"):
         torch.manual_seed(seed)
         model = SD3Transformer2DModel(**cfg)
+    if dtype != torch.float32:
+        model.to(dtype)
     expected = EXPECTED_PARAMETERS.get(preset)
     count = count_parameters(model)
     if expected is not None and count != expected:

@@ -355,7 +355,8 @@ class Engine:
             raise Refused(429, f"the queue is full ({len(self.queue)} of {self.s.queue_size} images waiting)",
                           retry_after=self._retry_after())
         now = time.monotonic()
-        ticket = Ticket(uuid.uuid4().hex, spec, now, now + self.s.request_timeout_s,
+        job_id = f"{self.s.job_prefix}-{uuid.uuid4().hex}" if self.s.job_prefix else uuid.uuid4().hex
+        ticket = Ticket(job_id, spec, now, now + self.s.request_timeout_s,
                         asyncio.get_running_loop().create_future(), [None] * spec.n)
         self.tickets[ticket.id] = ticket
         if job:

@@ -56,7 +56,9 @@ class Trainer:
         self.cfg, self.rt, self.fixed_noise = cfg, rt, fixed_batch
         cuda = rt.device.type == "cuda"
         self.bf16 = cfg.train.precision == "bf16" and cuda
-        model = build_transformer(cfg.model.preset, cfg.model.pretrained, device=rt.device, seed=cfg.train.seed)
+        base_dtype = self._lora_base_dtype() if cfg.train.mode == "lora" else torch.float32
+        model = build_transformer(cfg.model.preset, cfg.model.pretrained, device=rt.device, seed=cfg.train.seed,
+                                  dtype=base_dtype)
         self.parameters_count = count_parameters(model)
         self.description = transformer_description(model, cfg.model.preset, cfg.model.fuse_qkv)
         if cfg.model.fuse_qkv:
@@ -95,16 +97,18 @@ class Trainer:
         self.reader = ReadAhead(self._read_micro_batch)
         self.step = 0
 
-    def _add_adapters(self, model: torch.nn.Module) -> dict[str, Any]:
-        cfg = self.cfg
-        base = cfg.lora.base_dtype
+    def _lora_base_dtype(self) -> torch.dtype:
+        """The frozen base's dtype (lora.base_dtype); the model is built in it, the adapters added later are fp32."""
+        base = self.cfg.lora.base_dtype
         if base == "auto":
             base = "bf16" if self.bf16 else "fp32"
-        if base == "bf16":
-            if not self.bf16:
-                raise UserError("lora.base_dtype=bf16 needs bf16 compute (train.precision=bf16 on a GPU); set "
-                                "lora.base_dtype=fp32 or auto")
-            model.to(torch.bfloat16)  # the adapters peft adds next are fp32
+        if base == "bf16" and not self.bf16:
+            raise UserError("lora.base_dtype=bf16 needs bf16 compute (train.precision=bf16 on a GPU); set "
+                            "lora.base_dtype=fp32 or auto")
+        return torch.bfloat16 if base == "bf16" else torch.float32
+
+    def _add_adapters(self, model: torch.nn.Module) -> dict[str, Any]:
+        cfg = self.cfg
         names = apply_lora(model, cfg.lora, cfg.model.fuse_qkv, cfg.train.seed)
         return lora_describe(cfg.lora, cfg.model.fuse_qkv, names)
 

@@ -249,6 +249,7 @@ BAD_SERVING = [
     ({"settings": {"png_compress_level": 12}}, "serving.settings.png_compress_level is 12: give 0 to 9"),
     ({"settings": {"dtype": "int8"}}, "serving.settings.dtype is 'int8': use auto, bf16, fp16, fp32"),
     ({"settings": {"step": "newest"}}, "serving.settings.step is 'newest': give a step number or latest"),
+    ({"settings": {"job_prefix": "pod 1/gpu"}}, "serving.settings.job_prefix is 'pod 1/gpu'"),
     ({"cpuWorkers": {"replicas": 2}}, "serving.cpuWorkers.args is missing"),
     ({"cpuWorkers": {"args": ["x"], "port": 80}}, "serving.cpuWorkers.port is 80"),
     ({"cpuWorkers": {"args": ["x"], "replica": 2}}, "'replica' (did you mean 'replicas'?)"),

@@ -31,8 +31,7 @@ SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 # host, port, device, pretrained and name belong to the stack: the pods must listen where the probes and the
 # Service look, on the GPU the pod was given, on the weights volume.
 SERVE_SETTINGS: dict[str, type | tuple[type, ...]] = {
-    "checkpoint": str, "step": (int, str), "ema": bool, "lora": str, "lora_scale": (int, float), "dtype": str,
-    "compile": bool, "warmup": bool,
+    "checkpoint": str, "step": (int, str), "ema": bool, "dtype": str, "compile": bool, "warmup": bool,
     "max_batch": int, "max_wait_ms": (int, float), "queue_size": int, "request_timeout_s": (int, float),
     "drain_timeout_s": (int, float), "drain_grace_s": (int, float), "output_dir": str,
     "default_steps": int, "max_steps": int, "default_guidance": (int, float), "max_guidance": (int, float),
@@ -170,6 +169,8 @@ def _serve_settings(raw: Any) -> dict[str, Any]:
                 raise ConfigError(f"{where}.{name} is {value}: give {shown}")
         if name in SERVE_CHOICES and value not in SERVE_CHOICES[name]:
             raise ConfigError(f"{where}.{name} is {value!r}: use {', '.join(SERVE_CHOICES[name])}")
+        if name == "job_prefix" and not re.fullmatch(r"[A-Za-z0-9._-]{0,200}", value):
+            raise ConfigError(f"{where}.job_prefix is {value!r}: use up to 200 letters, digits, '.', '_' and '-'")
         if name == "step" and isinstance(value, str) and value != "latest":
             raise ConfigError(f"{where}.step is {value!r}: give a step number or latest")
     return dict(raw)

@@ -6,7 +6,7 @@ import runpy
 
 import pulumi
 import pytest
-from sd3_aws.config import ConfigError, parse_config
+from sd3_aws.config import CONFIG_KEYS, ConfigError, parse_config
 from sd3_pulumi_testing import AWS_VALUES, REPO, RecordingMocks
 
 BAD_CONFIGS = [
@@ -20,7 +20,8 @@ BAD_CONFIGS = [
     ({"adminCidrs": ["203.0.113.0/24", "::/0"]}, "opens SSH to the whole internet"),
     ({"adminCidrs": ["203.0.113.5/24"]}, "not a network in CIDR form"),
     ({"availabilityZone": None}, "availabilityZone is missing"),
-    ({"sshPublicKey": ""}, "sshPublicKey is missing or not an OpenSSH public key"),
+    ({"sshPublicKey": ""}, "sshPublicKey is missing: the key pair"),
+    ({"sshPublicKey": "-----BEGIN OPENSSH PRIVATE KEY-----"}, "not an OpenSSH public key (a line such as ssh-ed25519"),
     ({"clusterName": "SD3_cluster"}, "clusterName is 'SD3_cluster'"),
     ({"purchaseOption": "reserved"}, "purchaseOption is 'reserved': choose one of"),
     ({"purchaseOption": "capacity-block"}, "capacityReservationId is missing"),
@@ -57,8 +58,8 @@ def test_good_config_reads_types_and_defaults():
         config.gpu_node_count = 8  # frozen
 
 
-def _run_main(config: dict[str, str]) -> RecordingMocks:
-    mocks = RecordingMocks()
+def _run_main(config: dict[str, str], mocks: RecordingMocks | None = None) -> RecordingMocks:
+    mocks = mocks or RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="sd3-cluster-aws", stack="test", preview=False)
     pulumi.runtime.set_all_config(config)
 
@@ -111,4 +112,78 @@ def test_main_without_admin_cidr_declares_nothing():
             runpy.run_path(str(REPO / "pulumi" / "aws" / "__main__.py"), run_name="__main__")
     finally:
         pulumi.runtime.set_all_config({})
+    assert mocks.resources == []
+
+
+# -- every key of the namespace is known, typed and in range ------------------------------------------------------
+MORE_BAD_CONFIGS = [
+    # Misspelled keys: their default would have been used without a word.
+    ({"gpuNodeCont": 8}, "'gpuNodeCont' (did you mean 'gpuNodeCount'?)"),
+    ({"admin_cidrs": ["203.0.113.0/24"]}, "'admin_cidrs' (did you mean 'adminCidrs'?)"),
+    ({"EFA": "false"}, "'EFA' (did you mean 'efa'?)"),
+    # Values that were taken as they came.
+    ({"purchaseOption": "spot", "spotMaxPrice": "cheap"}, "spotMaxPrice is 'cheap': give USD per hour"),
+    ({"purchaseOption": "spot", "spotMaxPrice": "0"}, "spotMaxPrice is '0'"),
+    ({"headInstanceType": "a big one"}, "headInstanceType is 'a big one': give an EC2 instance type"),
+    ({"sshUser": "Root User"}, "sshUser is 'Root User'"),
+    ({"availabilityZone": "us-east-1"}, "availabilityZone is 'us-east-1': give a zone name"),
+    ({"amiId": "ami-notanid"}, "amiId is 'ami-notanid'"),
+    ({"tags": {"aws:owner": "me"}}, "tags.aws:owner"),
+    ({"tags": {"team": {"name": "vision"}}}, "tags.team is {\"name\": \"vision\"}: each value of the map is one text"),
+    ({"adminCidrs": "203.0.113.7/32"}, "adminCidrs is \"203.0.113.7/32\", not a list of text values"),
+    ({"gpuNodeCount": 2.5}, "gpuNodeCount is '2.5', not a whole number"),
+    ({"gpuNodeCount": True}, "gpuNodeCount is 'True', not a whole number"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), MORE_BAD_CONFIGS, ids=[m for _, m in MORE_BAD_CONFIGS])
+def test_every_setting_is_checked(overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**AWS_VALUES, **overrides})
+    assert message in str(caught.value)
+    assert "sd3-cluster-aws:" in str(caught.value)
+
+
+def test_unknown_key_lists_the_known_keys_closest_first():
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**AWS_VALUES, "gpuInstanceTyp": "p5.48xlarge"})
+    listed = str(caught.value).split("closest first: ", 1)[1].split(", ")
+    assert listed[0] == "gpuInstanceType"
+    assert set(listed) == set(CONFIG_KEYS)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"gpuNodeCounts": "8"}, "'gpuNodeCounts' (did you mean 'gpuNodeCount'?)"),
+    ({"sharedFilesystem": "efs"}, "'sharedFilesystem' (did you mean 'sharedFileSystem'?)"),
+    ({"availabilityZone": "us-east-1"}, "sd3-cluster-aws:availabilityZone is 'us-east-1'"),
+    ({"purchaseOption": "spot", "spotMaxPrice": "$40"}, "sd3-cluster-aws:spotMaxPrice is '$40'"),
+])
+def test_main_refuses_what_it_used_to_accept_before_any_resource(overrides, message):
+    """What `pulumi up` runs: every key of the namespace is read, so a misspelled one cannot hide behind its
+    default, and every value is checked; the stop is Pulumi's RunError with our message alone (no traceback)."""
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as caught:
+        _run_main(_stack_config(**overrides), mocks)
+    assert message in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert mocks.resources == []
+
+
+# -- a list or map given as plain text: explained, not Pulumi's bare ConfigTypeError ------------------------------
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"adminCidrs": "203.0.113.7/32"},
+     "sd3-cluster-aws:adminCidrs is '203.0.113.7/32', plain text, but it is a list of networks; set it as a list: "
+     "`pulumi config set --path 'adminCidrs[0]' 203.0.113.7/32`"),
+    ({"adminCidrs": "203.0.113.7/32,198.51.100.0/24"}, "'adminCidrs[1]' for a second network"),
+    ({"tags": "team=vision"}, "sd3-cluster-aws:tags is 'team=vision', plain text, but it is a map of tag names to "
+     "values: `pulumi config set --path tags.team vision`"),
+])
+def test_plain_text_for_a_list_or_map_is_explained(overrides, message):
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as caught:
+        _run_main(_stack_config(**overrides), mocks)
+    assert not isinstance(caught.value, pulumi.ConfigTypeError)
+    assert message in str(caught.value)
+    # RunError prints its message alone; a cause or context would bring the traceback back.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
     assert mocks.resources == []

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from sd3_crd_schemas import SCHEMAS
 from sd3_k8s import serving as manifests
-from sd3_k8s.config import ConfigError, load_config, parse_config
+from sd3_k8s.config import ConfigError, K8sStackConfig, load_config, parse_config
 from sd3_k8s.serving_config import SERVE_SETTINGS, STACK_OWNED_SETTINGS
 from sd3_k8s.stack import build
 from sd3_pulumi_testing import K8S_VALUES, REPO, declare, integral
@@ -245,9 +245,19 @@ BAD_SERVING = [
     ({"settings": {"port": 8000}}, "serving.settings.port is set by the stack"),
     ({"settings": {"drain_timeout_s": 0}}, "drain_timeout_s is 0: give more than 0"),
     ({"settings": {"drain_grace_s": -1}}, "drain_grace_s is -1: give 0 or more"),
+    ({"settings": {"max_batch": 100}}, "serving.settings.max_batch is 100: give 1 to 64"),
+    ({"settings": {"png_compress_level": 12}}, "serving.settings.png_compress_level is 12: give 0 to 9"),
+    ({"settings": {"dtype": "int8"}}, "serving.settings.dtype is 'int8': use auto, bf16, fp16, fp32"),
+    ({"settings": {"step": "newest"}}, "serving.settings.step is 'newest': give a step number or latest"),
+    ({"settings": {"job_prefix": "pod 1/gpu"}}, "serving.settings.job_prefix is 'pod 1/gpu'"),
     ({"cpuWorkers": {"replicas": 2}}, "serving.cpuWorkers.args is missing"),
     ({"cpuWorkers": {"args": ["x"], "port": 80}}, "serving.cpuWorkers.port is 80"),
     ({"cpuWorkers": {"args": ["x"], "replica": 2}}, "'replica' (did you mean 'replicas'?)"),
+    ({"cpu": "lots"}, "serving.cpu is 'lots': give cores"),
+    ({"prometheusUrl": "prometheus:9090"}, "serving.prometheusUrl is 'prometheus:9090': give the URL"),
+    ({"cpuWorkers": {"args": ["x"], "cpu": "2 cores"}}, "serving.cpuWorkers.cpu is '2 cores'"),
+    ({"cpuWorkers": {"args": ["x"], "image": "my image"}}, "serving.cpuWorkers.image is 'my image'"),
+    ({"settings": {"lora_scale": "strong"}}, "serving.settings.lora_scale is 'strong'"),
 ]
 
 
@@ -272,8 +282,8 @@ def test_misspelled_stack_key_is_refused_with_a_suggestion():
 
 
 def test_load_config_refuses_a_key_set_in_the_stack_but_unknown(pulumi_mocks):
-    """What `pulumi up` reads: every key of the project's namespace, not only the known ones."""
-    project = pulumi.get_project()
+    """What `pulumi up` reads: every key of the project's namespace (Pulumi.yaml's name), not only the known ones."""
+    project = "sd3-cluster-k8s"
     saved = dict(pulumi.runtime.config.CONFIG.get())
     try:
         pulumi.runtime.set_all_config({f"{project}:image": "registry.example.com/sd3cluster:0.1.0",
@@ -300,6 +310,24 @@ def test_serve_settings_are_those_of_the_serve_command():
     assert set(json.loads(result.stdout)) == set(SERVE_SETTINGS) | set(STACK_OWNED_SETTINGS)
 
 
+def test_serve_setting_ranges_are_those_of_the_serve_command():
+    """The stack's copy of serve's ranges against ServeConfig's own bounds (this repository's workloads/src)."""
+    from sd3_k8s.serving_config import SERVE_RANGES
+
+    # Numeric bounds only (annotated_types' Ge/Gt/Le/Lt); other metadata (a text pattern, a length) is not a range.
+    code = ("import json; from sd3cluster.config import ServeConfig; b = {n: {type(m).__name__: "
+            "getattr(m, type(m).__name__.lower()) for m in f.metadata if type(m).__name__ in ('Ge', 'Gt', 'Le', 'Lt')}"
+            " for n, f in ServeConfig.model_fields.items()}; print(json.dumps({n: v for n, v in b.items() if v}))")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workloads" / "src")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                            check=True)
+    bounds = {name: b for name, b in json.loads(result.stdout).items() if name not in STACK_OWNED_SETTINGS}
+    assert set(bounds) == set(SERVE_RANGES)
+    for name, b in bounds.items():
+        low = b.get("Ge", b.get("Gt"))
+        assert SERVE_RANGES[name] == (low, b.get("Le"), "Gt" in b), name
+
+
 def test_the_example_stack_sets_every_key_and_is_valid():
     """Pulumi.example.yaml is the settings' manual: it shows every key, and what it shows is accepted."""
     from sd3_k8s.config import CONFIG_KEYS
@@ -312,3 +340,41 @@ def test_the_example_stack_sets_every_key_and_is_valid():
     assert set(values["serving"]["cpuWorkers"]) == set(CPU_WORKER_KEYS)
     config = parse_config(values)
     assert config.serving is not None and config.serving.cpu_workers is not None
+
+
+def _load(settings: dict[str, str]) -> K8sStackConfig:
+    """load_config() as `pulumi up` runs it, on these stack settings (namespace sd3-cluster-k8s)."""
+    saved = dict(pulumi.runtime.config.CONFIG.get())
+    try:
+        pulumi.runtime.set_all_config({"sd3-cluster-k8s:image": "registry.example.com/sd3cluster:0.1.0",
+                                       "sd3-cluster-k8s:storageClassName": "efs-sc", **settings})
+        return load_config()
+    finally:
+        pulumi.runtime.set_all_config(saved)
+
+
+def test_unknown_key_lists_the_known_keys_closest_first():
+    from sd3_k8s.config import CONFIG_KEYS
+
+    with pytest.raises(ConfigError) as caught:
+        _load({"sd3-cluster-k8s:monitorin": "false"})
+    listed = str(caught.value).split("closest first: ", 1)[1].split(", ")
+    assert listed[0] == "monitoring" and set(listed) == set(CONFIG_KEYS)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"sd3-cluster-k8s:serving": "/weights/models/sd3-medium"},
+     "sd3-cluster-k8s:serving is '/weights/models/sd3-medium', plain text, but it is a map: "
+     "`pulumi config set --path serving.pretrained /weights/models/sd3-medium`"),
+    ({"sd3-cluster-k8s:nodeSelector": "pool=gpu"},
+     "sd3-cluster-k8s:nodeSelector is 'pool=gpu', plain text, but it is a map of node labels"),
+    ({"sd3-cluster-k8s:serving": '{"pretrained": "/weights/m"'}, "sd3-cluster-k8s:serving is '{\"pretrained\""),
+])
+def test_plain_text_for_a_map_is_explained(pulumi_mocks, settings, message):
+    with pytest.raises(ConfigError) as caught:
+        _load(settings)
+    assert not isinstance(caught.value, pulumi.ConfigTypeError)
+    assert message in str(caught.value)
+    # __main__ turns ConfigError into a RunError `from None`: no cause here may bring a traceback back.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert pulumi_mocks.resources == []

@@ -163,6 +163,15 @@ BAD_CONFIGS = [
     ({"memoryGiPerNode": 32, "shmGi": 64}, "raise the memory or lower shmGi"),
     ({"rendezvousPort": 80}, "rendezvousPort is 80"),
     ({"gpuOperatorDriver": "yes"}, "use true or false"),
+    # Values that were taken as they came, and failed (if at all) in the cluster, long after `pulumi up`.
+    ({"cpuPerNode": "eight"}, "cpuPerNode is 'eight': give cores (8, 0.5) or millicores"),
+    ({"maxRetry": -1}, "maxRetry is -1: use 0 to 100 whole-job restarts"),
+    ({"maxRetry": "often"}, "maxRetry is 'often', not a whole number"),
+    ({"volcanoVersion": "latest"}, "volcanoVersion is 'latest': give a chart version"),
+    ({"queue": "My Queue"}, "queue is 'My Queue': give the name of a Volcano queue"),
+    ({"storageClassName": "EFS SC"}, "storageClassName is 'EFS SC'"),
+    ({"nodeSelector": {"pool": ["a", "b"]}}, "nodeSelector.pool is [\"a\", \"b\"]: each value of the map"),
+    ({"nodes": 2.5}, "nodes is '2.5', not a whole number"),
 ]
 
 

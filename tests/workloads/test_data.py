@@ -98,3 +98,21 @@ def test_cli_data_that_does_not_fit_the_model(tmp_path: Path):
     result = sd3cluster("train", "--device", "cpu", "--data", str(tmp_path / "d"), *TINY,
                         "--set", f"output.dir={tmp_path / 'out'}")
     assert result.returncode == 2 and "model.preset=tiny reads 32" in result.stderr
+
+
+def test_damaged_shards_are_named_when_the_dataset_opens(tmp_path: Path):
+    """Caught at open (before a run writes anything), naming the shard file rather than safetensors' words."""
+    import json
+
+    write_synthetic_shards(tmp_path / "d", 8, (16, 4, 4), 8, 32, 16, shard_size=4)
+    index = json.loads((tmp_path / "d" / "index.json").read_text())
+    index["shards"][1]["samples"] = 5  # the index claims more than the file holds
+    (tmp_path / "d" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DataError, match=r"shard .*shard-00001\.safetensors is damaged \(it holds fewer samples"):
+        ShardDataset(tmp_path / "d")
+    (tmp_path / "d" / "shard-00000.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(DataError, match=r"shard-00000\.safetensors is damaged .*sd3cluster prepare"):
+        ShardDataset(tmp_path / "d")
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(DataError, match="is a file, not a folder"):
+        ShardDataset(tmp_path / "a_file")

@@ -381,7 +381,7 @@ def test_cli_errors_are_one_line_before_the_model_loads(tmp_path: Path):
                        (["--pretrained", str(tmp_path / "none")], "does not exist"),
                        (["--set", "serve.default_size=100"], "multiple of 16"),
                        (["--set", "serve.default_steps=200"], "exceeds max_steps"),
-                       (["--device", "cuda"], "no CUDA device"),
+                       (["--device", "cuda"], "--device cuda (serve.device)"),
                        (["--port", "0"], "serve.port")):
         result = sd3cluster("serve", "--preset", "tiny", "--port", str(_free_port()), *args)
         assert result.returncode == 2 and text in result.stderr, (args, result.stderr)

@@ -8,7 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sd3_stack_settings import ConfigError, Namespace, refuse_unknown_keys
+
 from .instance_types import GPU_INSTANCE_TYPES, GpuInstanceType
+
+__all__ = ["AwsClusterConfig", "ConfigError", "load_config", "parse_config"]
 
 PURCHASE_OPTIONS = ("on-demand", "spot", "capacity-reservation", "capacity-block")
 SHARED_FILESYSTEMS = ("fsx-lustre", "efs", "none")
@@ -18,10 +22,23 @@ _CLUSTER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
 _SSH_KEY = re.compile(
     r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/=]+")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_AMI_ID = re.compile(r"^ami-[0-9a-f]{8,17}$")
+# us-east-1a, and Local Zones' us-west-2-lax-1a.
+_ZONE = re.compile(r"^[a-z]{2}(-[a-z0-9]+)+-?[0-9][a-z]$")
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_LINUX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_PRICE = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+MAX_SPOT_PRICE_USD = 1000
 
-
-class ConfigError(ValueError):
-    """A stack setting is wrong; the message names the key and the fix."""
+NAMESPACE = Namespace("sd3-cluster-aws")
+_ADMIN_CIDRS_FORM = ("set it as a list: `pulumi config set --path 'adminCidrs[0]' 203.0.113.7/32` (and "
+                     "'adminCidrs[1]' for a second network), or a YAML list under the key in Pulumi.<stack>.yaml")
+# Settings that are lists or maps, with the right form of each (what a plain-text value is told to do instead).
+STRUCTURED_KEYS = {
+    "adminCidrs": "list of networks; " + _ADMIN_CIDRS_FORM,
+    "tags": "map of tag names to values: `pulumi config set --path tags.team vision`, or a YAML map under the key "
+            "in Pulumi.<stack>.yaml",
+}
 
 
 @dataclass(frozen=True)
@@ -54,38 +71,16 @@ class AwsClusterConfig:
 
 
 def _key(name: str) -> str:
-    return f"sd3-cluster-aws:{name}"
+    return NAMESPACE.key(name)
 
 
-def _int(values: Mapping[str, Any], name: str, default: int) -> int:
-    raw = values.get(name, default)
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{_key(name)} is '{raw}', not a whole number: set it with `pulumi config set {name} N`") from None
-
-
-def _bool(values: Mapping[str, Any], name: str, default: bool) -> bool:
-    raw = values.get(name, default)
-    if isinstance(raw, bool):
-        return raw
-    if str(raw).lower() in ("true", "false"):
-        return str(raw).lower() == "true"
-    raise ConfigError(f"{_key(name)} is '{raw}': use true or false")
-
-
-def _list(values: Mapping[str, Any], name: str) -> list[str]:
-    raw = values.get(name)
-    if raw is None or raw == "":
-        return []
-    if isinstance(raw, str):
-        return [part.strip() for part in raw.split(",") if part.strip()]
-    return [str(part) for part in raw]
+_int = NAMESPACE.integer
+_bool = NAMESPACE.boolean
+_string = NAMESPACE.string
 
 
 def _admin_cidrs(values: Mapping[str, Any]) -> tuple[str, ...]:
-    cidrs = _list(values, "adminCidrs")
+    cidrs = NAMESPACE.string_list(values, "adminCidrs", _ADMIN_CIDRS_FORM)
     if not cidrs:
         raise ConfigError(
             f"{_key('adminCidrs')} is missing: SSH to the head is allowed only from these networks; "
@@ -120,19 +115,23 @@ def _network(values: Mapping[str, Any]) -> str:
 
 def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
     """Validate the stack's settings (keys as in Pulumi.<stack>.yaml, without the project prefix)."""
-    cluster_name = str(values.get("clusterName", "sd3"))
+    refuse_unknown_keys(values, CONFIG_KEYS, f"the stack configuration ({NAMESPACE.project}:*)")
+    cluster_name = str(_string(values, "clusterName", "sd3"))
     if not _CLUSTER_NAME.match(cluster_name):
         raise ConfigError(
             f"{_key('clusterName')} is '{cluster_name}': use 2 to 32 lower-case letters, digits and dashes, "
             "starting with a letter (it prefixes host names and AWS resource names)")
 
-    zone = values.get("availabilityZone")
+    zone = _string(values, "availabilityZone", None)
     if not zone:
         raise ConfigError(
             f"{_key('availabilityZone')} is missing: GPU capacity and the cluster placement group live in one zone; "
             "set the zone of your capacity, e.g. `pulumi config set availabilityZone us-east-1a`")
+    if not _ZONE.match(zone):
+        raise ConfigError(f"{_key('availabilityZone')} is '{zone}': give a zone name such as us-east-1a (a region "
+                          "name and a letter; the region itself is aws:region)")
 
-    type_name = str(values.get("gpuInstanceType", "p5.48xlarge"))
+    type_name = str(_string(values, "gpuInstanceType", "p5.48xlarge"))
     if type_name not in GPU_INSTANCE_TYPES:
         raise ConfigError(
             f"{_key('gpuInstanceType')} is '{type_name}', which this stack does not know; "
@@ -142,10 +141,10 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
     if not 1 <= count <= MAX_GPU_NODES:
         raise ConfigError(f"{_key('gpuNodeCount')} is {count}: a cluster has 1 to {MAX_GPU_NODES} GPU nodes")
 
-    purchase = str(values.get("purchaseOption", "on-demand"))
+    purchase = str(_string(values, "purchaseOption", "on-demand"))
     if purchase not in PURCHASE_OPTIONS:
         raise ConfigError(f"{_key('purchaseOption')} is '{purchase}': choose one of {', '.join(PURCHASE_OPTIONS)}")
-    reservation = values.get("capacityReservationId") or None
+    reservation = _string(values, "capacityReservationId", None) or None
     if purchase in ("capacity-reservation", "capacity-block"):
         if not reservation:
             raise ConfigError(
@@ -158,18 +157,26 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
         raise ConfigError(
             f"{_key('capacityReservationId')} is set but {_key('purchaseOption')} is '{purchase}': "
             "set purchaseOption to capacity-reservation or capacity-block, or remove the id")
-    spot_max_price = values.get("spotMaxPrice") or None
+    spot_max_price = _string(values, "spotMaxPrice", None) or None
     if spot_max_price is not None and purchase != "spot":
         raise ConfigError(
             f"{_key('spotMaxPrice')} is set but {_key('purchaseOption')} is '{purchase}': it applies to spot only")
+    if spot_max_price is not None and (not _PRICE.match(spot_max_price)
+                                       or not 0 < float(spot_max_price) <= MAX_SPOT_PRICE_USD):
+        raise ConfigError(f"{_key('spotMaxPrice')} is '{spot_max_price}': give USD per hour as a number above 0 and "
+                          f"at most {MAX_SPOT_PRICE_USD}, e.g. 40.5 (leave it unset for up to the On-Demand price)")
 
-    ssh_public_key = str(values.get("sshPublicKey", "")).strip()
+    ssh_public_key = str(_string(values, "sshPublicKey", "")).strip()
+    key_hint = "`pulumi config set sshPublicKey \"$(cat ~/.ssh/id_ed25519.pub)\"`"
+    if not ssh_public_key:
+        raise ConfigError(f"{_key('sshPublicKey')} is missing: the key pair of every node is made from it; {key_hint}")
     if not _SSH_KEY.match(ssh_public_key):
+        shown = ssh_public_key if len(ssh_public_key) <= 40 else ssh_public_key[:40] + "..."
         raise ConfigError(
-            f"{_key('sshPublicKey')} is missing or not an OpenSSH public key: "
-            "`pulumi config set sshPublicKey \"$(cat ~/.ssh/id_ed25519.pub)\"`")
+            f"{_key('sshPublicKey')} is '{shown}', not an OpenSSH public key (a line such as ssh-ed25519 AAAA... "
+            f"from a .pub file, never the private key): {key_hint}")
 
-    shared = str(values.get("sharedFileSystem", "fsx-lustre"))
+    shared = str(_string(values, "sharedFileSystem", "fsx-lustre"))
     if shared not in SHARED_FILESYSTEMS:
         raise ConfigError(f"{_key('sharedFileSystem')} is '{shared}': choose one of {', '.join(SHARED_FILESYSTEMS)}")
     fsx_capacity = _int(values, "fsxStorageCapacityGb", 1200)
@@ -189,14 +196,26 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
         if not 50 <= size <= 16384:
             raise ConfigError(f"{_key(name)} is {size}: a root volume takes 50 to 16384 GB (drivers and CUDA need ~30)")
 
-    ami_id = values.get("amiId") or None
-    if ami_id is not None and not str(ami_id).startswith("ami-"):
+    ami_id = _string(values, "amiId", None) or None
+    if ami_id is not None and not _AMI_ID.match(ami_id):
         raise ConfigError(f"{_key('amiId')} is '{ami_id}': an image id looks like ami-0123456789abcdef0; "
                           "leave it unset to use Canonical's latest Ubuntu 22.04")
 
-    tags = values.get("tags") or {}
-    if not isinstance(tags, Mapping):
-        raise ConfigError(f"{_key('tags')} must be a map of tag names to values")
+    tags = NAMESPACE.mapping(values, "tags", what="tag names", example="{team: vision, cost-center: research}")
+    for name, value in tags.items():
+        # EC2's limits; `aws:` is AWS's own prefix and the stack's own tags would silently win over these.
+        if not 1 <= len(name) <= 128 or len(value) > 256 or name.lower().startswith("aws:"):
+            raise ConfigError(f"{_key('tags')}.{name}: a tag name has 1 to 128 characters and does not start with "
+                              "aws:, its value at most 256")
+
+    head_type = str(_string(values, "headInstanceType", "m7i.2xlarge"))
+    if not _INSTANCE_TYPE.match(head_type):
+        raise ConfigError(f"{_key('headInstanceType')} is '{head_type}': give an EC2 instance type such as "
+                          "m7i.2xlarge")
+    ssh_user = str(_string(values, "sshUser", "ubuntu"))
+    if not _LINUX_USER.match(ssh_user):
+        raise ConfigError(f"{_key('sshUser')} is '{ssh_user}': give the image's login user, a Linux user name such "
+                          "as ubuntu (lower-case letters, digits, _ and -)")
 
     return AwsClusterConfig(
         cluster_name=cluster_name,
@@ -211,14 +230,14 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
         spot_max_price=str(spot_max_price) if spot_max_price is not None else None,
         efa=_bool(values, "efa", True),
         gpu_root_volume_gb=gpu_root,
-        head_instance_type=str(values.get("headInstanceType", "m7i.2xlarge")),
+        head_instance_type=head_type,
         head_root_volume_gb=head_root,
         ami_id=str(ami_id) if ami_id else None,
-        ssh_user=str(values.get("sshUser", "ubuntu")),
+        ssh_user=ssh_user,
         shared_filesystem=shared,
         fsx_storage_capacity_gb=fsx_capacity,
         fsx_throughput_mb_per_tib=fsx_throughput,
-        tags={str(k): str(v) for k, v in tags.items()},
+        tags=tags,
     )
 
 
@@ -230,16 +249,5 @@ CONFIG_KEYS = (
 
 
 def load_config() -> AwsClusterConfig:
-    """Read this stack's settings from Pulumi; structured keys (lists, maps) come back as objects."""
-    import pulumi
-
-    config = pulumi.Config()
-    values: dict[str, Any] = {}
-    for key in CONFIG_KEYS:
-        if key in ("adminCidrs", "tags"):
-            value = config.get_object(key)
-        else:
-            value = config.get(key)
-        if value is not None:
-            values[key] = value
-    return parse_config(values)
+    """Read every setting of this stack's namespace (lists and maps come back as objects) and validate them."""
+    return parse_config(NAMESPACE.read(STRUCTURED_KEYS))

@@ -8,17 +8,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .serving_config import ServingConfig, parse_serving
-from .settings import ConfigError, refuse_unknown_keys
+from .settings import CPU_FORM, CPU_QUANTITY, NAMESPACE, ConfigError, refuse_unknown_keys
 from .settings import boolean as _bool
 from .settings import integer as _int
 from .settings import key as _key
 from .settings import label as _label
+from .settings import mapping as _mapping
+from .settings import string as _string
 
 __all__ = ["ConfigError", "K8sStackConfig", "load_config", "parse_config"]
 
 _RESOURCE_NAME = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")
 MAX_NODES = 64
 MAX_GPUS_PER_NODE = 16
+_CHART_VERSION = re.compile(r"^v?[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$")
+_QUEUE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,9 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
         raise ConfigError(f"{_key('image')} is missing: set the training image, one with the sd3cluster package "
                           "and torchrun in it, e.g. `pulumi config set image registry.example.com/sd3cluster:1.0`")
     storage_class = str(values.get("storageClassName") or "")
+    if storage_class and not _QUEUE.match(storage_class):
+        raise ConfigError(f"{_key('storageClassName')} is '{storage_class}': give the name of a storage class "
+                          "(lower-case letters, digits, dashes and dots), see `kubectl get storageclass`")
     if not storage_class:
         raise ConfigError(f"{_key('storageClassName')} is missing: the shared volume is ReadWriteMany; set a class "
                           "that provides it (EFS CSI, FSx CSI, NFS CSI, CephFS), see `kubectl get storageclass`")
@@ -110,19 +117,24 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
     if not 1024 <= port <= 65535:
         raise ConfigError(f"{_key('rendezvousPort')} is {port}: use a port from 1024 to 65535")
 
-    node_selector = values.get("nodeSelector") or {}
-    if not isinstance(node_selector, Mapping):
-        raise ConfigError(f"{_key('nodeSelector')} must be a map of node labels to values")
+    node_selector = _mapping(values, "nodeSelector", example="{node.kubernetes.io/instance-type: p5.48xlarge}")
+    max_retry = _int(values, "maxRetry", 3, minimum=0, maximum=100, unit=" whole-job restarts")
+    queue = _string(values, "queue", "default", pattern=_QUEUE, form="give the name of a Volcano queue "
+                    "(lower-case letters, digits, dashes and dots), e.g. default")
 
     defaults = ChartVersions()
+    chart_form = "give a chart version such as 1.12.2 or v25.3.4"
     charts = ChartVersions(
-        gpu_operator=str(values.get("gpuOperatorVersion", defaults.gpu_operator)),
-        volcano=str(values.get("volcanoVersion", defaults.volcano)),
-        dcgm_exporter=str(values.get("dcgmExporterVersion", defaults.dcgm_exporter)),
-        kube_prometheus_stack=str(values.get("kubePrometheusStackVersion", defaults.kube_prometheus_stack)),
-        keda=str(values.get("kedaVersion", defaults.keda)),
+        gpu_operator=_string(values, "gpuOperatorVersion", defaults.gpu_operator, pattern=_CHART_VERSION,
+                             form=chart_form),
+        volcano=_string(values, "volcanoVersion", defaults.volcano, pattern=_CHART_VERSION, form=chart_form),
+        dcgm_exporter=_string(values, "dcgmExporterVersion", defaults.dcgm_exporter, pattern=_CHART_VERSION,
+                              form=chart_form),
+        kube_prometheus_stack=_string(values, "kubePrometheusStackVersion", defaults.kube_prometheus_stack,
+                                      pattern=_CHART_VERSION, form=chart_form),
+        keda=_string(values, "kedaVersion", defaults.keda, pattern=_CHART_VERSION, form=chart_form),
     )
-    cpu = values.get("cpuPerNode")
+    cpu = _string(values, "cpuPerNode", None, pattern=CPU_QUANTITY, form=CPU_FORM)
     job_name = _label(values, "jobName", "sd3-train")
     monitoring = _bool(values, "monitoring", True)
     serving = None
@@ -139,14 +151,14 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
         train_config=train_config,
         shared_storage_gi=shared_gi,
         shm_gi=shm_gi,
-        cpu_per_node=str(cpu) if cpu is not None else None,
+        cpu_per_node=cpu,
         memory_gi_per_node=memory_gi,
         rdma_resource=str(rdma_resource) if rdma_resource else None,
         rdma_per_node=rdma_per_node,
         rendezvous_port=port,
-        max_retry=_int(values, "maxRetry", 3),
-        queue=str(values.get("queue", "default")),
-        node_selector={str(k): str(v) for k, v in node_selector.items()},
+        max_retry=max_retry,
+        queue=queue,
+        node_selector=node_selector,
         gpu_operator=_bool(values, "gpuOperator", True),
         gpu_operator_driver=_bool(values, "gpuOperatorDriver", True),
         gpu_operator_toolkit=_bool(values, "gpuOperatorToolkit", True),
@@ -162,24 +174,16 @@ CONFIG_KEYS = (
     "nodeSelector", "gpuOperator", "gpuOperatorDriver", "gpuOperatorToolkit", "monitoring", "gpuOperatorVersion",
     "volcanoVersion", "dcgmExporterVersion", "kubePrometheusStackVersion", "kedaVersion", "serving",
 )
-# Settings that are maps or lists (`pulumi config set --path`, or YAML in Pulumi.<stack>.yaml).
-STRUCTURED_KEYS = ("nodeSelector", "serving")
+# Settings that are maps (`pulumi config set --path`, or YAML in Pulumi.<stack>.yaml), with the right form of each.
+STRUCTURED_KEYS = {
+    "nodeSelector": "map of node labels: `pulumi config set --path "
+                    "'nodeSelector[\"node.kubernetes.io/instance-type\"]' p5.48xlarge`, or a YAML map under the key "
+                    "in Pulumi.<stack>.yaml",
+    "serving": "map: `pulumi config set --path serving.pretrained /weights/models/sd3-medium`, or a YAML map under "
+               "the key in Pulumi.<stack>.yaml (see Pulumi.example.yaml)",
+}
 
 
 def load_config() -> K8sStackConfig:
-    """Read this stack's settings from Pulumi; structured keys (maps) come back as objects."""
-    import pulumi
-
-    config = pulumi.Config()
-    values: dict[str, Any] = {}
-    for key in CONFIG_KEYS:
-        value = config.get_object(key) if key in STRUCTURED_KEYS else config.get(key)
-        if value is not None:
-            values[key] = value
-    # Every key set in this project's namespace, so a misspelled one is refused instead of ignored.
-    configured = {**pulumi.runtime.config.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
-    for full_key, value in configured.items():
-        project, _, key = full_key.partition(":")
-        if project == pulumi.get_project() and key not in values:
-            values[key] = value
-    return parse_config(values)
+    """Read every setting of this stack's namespace (maps come back as objects) and validate them."""
+    return parse_config(NAMESPACE.read(STRUCTURED_KEYS))

@@ -3,11 +3,23 @@ nodes, its autoscaling, and optional CPU-only pods beside it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .settings import ConfigError, boolean, integer, key, label, mapping, refuse_unknown_keys
+from .settings import (
+    CPU_FORM,
+    CPU_QUANTITY,
+    ConfigError,
+    boolean,
+    integer,
+    key,
+    label,
+    mapping,
+    refuse_unknown_keys,
+    string,
+)
 
 SECTION = "serving."
 CPU_SECTION = "serving.cpuWorkers."
@@ -28,6 +40,18 @@ SERVE_SETTINGS: dict[str, type | tuple[type, ...]] = {
     "png_compress_level": int, "lora": str, "lora_scale": (int, float), "job_prefix": str,
 }
 STACK_OWNED_SETTINGS = ("host", "port", "device", "pretrained", "name")
+# The ranges `sd3cluster serve` accepts for those settings (its ServeConfig; a test compares the two), checked
+# here so a wrong value stops `pulumi up` instead of every pod at start: name -> (low, high, low excluded).
+SERVE_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+    "lora_scale": (0, 10, False), "max_sequence_length": (1, 512, False), "max_batch": (1, 64, False),
+    "max_wait_ms": (0, 10000, False), "queue_size": (1, None, False), "request_timeout_s": (0, None, True),
+    "drain_timeout_s": (0, None, True), "drain_grace_s": (0, None, False), "job_ttl_s": (0, None, True),
+    "png_compress_level": (0, 9, False), "default_steps": (1, 1000, False), "max_steps": (1, 1000, False),
+    "default_guidance": (0, 100, False), "max_guidance": (0, 100, False), "default_size": (16, 8192, False),
+    "min_side": (16, 8192, False), "max_side": (16, 8192, False), "max_pixels": (256, None, False),
+    "max_n": (1, 64, False), "max_prompt_chars": (1, None, False), "max_body_bytes": (1024, None, False),
+}
+SERVE_CHOICES: dict[str, tuple[str, ...]] = {"dtype": ("auto", "bf16", "fp16", "fp32")}
 # `sd3cluster serve`'s own defaults of the two settings the pods' termination time is made from.
 DEFAULT_DRAIN_TIMEOUT_S = 600
 DEFAULT_DRAIN_GRACE_S = 5
@@ -137,10 +161,18 @@ def _serve_settings(raw: Any) -> dict[str, Any]:
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             names = " or ".join(t.__name__ for t in types)
             raise ConfigError(f"{where}.{name} is {value!r}: give a {names}")
-    if "drain_timeout_s" in raw and raw["drain_timeout_s"] <= 0:
-        raise ConfigError(f"{where}.drain_timeout_s is {raw['drain_timeout_s']}: give more than 0 seconds")
-    if "drain_grace_s" in raw and raw["drain_grace_s"] < 0:
-        raise ConfigError(f"{where}.drain_grace_s is {raw['drain_grace_s']}: give 0 or more seconds")
+        if name in SERVE_RANGES:
+            low, high, low_excluded = SERVE_RANGES[name]
+            below = low is not None and (value <= low if low_excluded else value < low)
+            if below or (high is not None and value > high):
+                shown = f"more than {low}" if low_excluded else f"{low} or more" if high is None else f"{low} to {high}"
+                raise ConfigError(f"{where}.{name} is {value}: give {shown}")
+        if name in SERVE_CHOICES and value not in SERVE_CHOICES[name]:
+            raise ConfigError(f"{where}.{name} is {value!r}: use {', '.join(SERVE_CHOICES[name])}")
+        if name == "job_prefix" and not re.fullmatch(r"[A-Za-z0-9._-]{0,200}", value):
+            raise ConfigError(f"{where}.job_prefix is {value!r}: use up to 200 letters, digits, '.', '_' and '-'")
+        if name == "step" and isinstance(value, str) and value != "latest":
+            raise ConfigError(f"{where}.step is {value!r}: give a step number or latest")
     return dict(raw)
 
 
@@ -164,12 +196,15 @@ def _cpu_workers(raw: Any, default_image: str, serving_name: str) -> CpuWorkersC
     if port is not None and not 1024 <= port <= 65535:
         raise ConfigError(f"{key('port', CPU_SECTION)} is {port}: use a port from 1024 to 65535 (the image's user "
                           "is not root)")
+    image = str(raw.get("image") or default_image)
+    if " " in image:
+        raise ConfigError(f"{key('image', CPU_SECTION)} is '{image}': give an image reference without spaces")
     return CpuWorkersConfig(
         name=label(raw, "name", f"{serving_name}-cpu", CPU_SECTION),
-        image=str(raw.get("image") or default_image),
+        image=image,
         args=tuple(args),
         replicas=replicas,
-        cpu=str(raw.get("cpu", "2")),
+        cpu=string(raw, "cpu", "2", CPU_SECTION, pattern=CPU_QUANTITY, form=CPU_FORM),
         memory_gi=memory,
         port=port,
     )
@@ -213,11 +248,15 @@ def parse_serving(raw: Any, default_image: str, default_claim: str, monitoring: 
     for setting, value in (("pollingIntervalS", polling), ("scaleDownWindowS", window)):
         if not 1 <= value <= 3600:
             raise ConfigError(f"{key(setting, SECTION)} is {value}: use 1 to 3600 seconds")
-    prometheus_url = str(raw.get("prometheusUrl") or (STACK_PROMETHEUS if monitoring else ""))
+    prometheus_url = str(string(raw, "prometheusUrl", None, SECTION) or (STACK_PROMETHEUS if monitoring else ""))
+    if prometheus_url and not re.match(r"^https?://[^\s/]+", prometheus_url):
+        raise ConfigError(f"{key('prometheusUrl', SECTION)} is '{prometheus_url}': give the URL of a Prometheus, "
+                          "e.g. http://prometheus.monitoring.svc:9090")
     if autoscaling and not prometheus_url.startswith(("http://", "https://")):
         raise ConfigError(f"{key('prometheusUrl', SECTION)} is '{prometheus_url}': autoscaling reads the queue depth "
                           "from Prometheus; with monitoring off, give your Prometheus URL (http://...:9090) or set "
                           f"{key('autoscaling', SECTION)} to false")
+    cpu = string(raw, "cpu", None, SECTION, pattern=CPU_QUANTITY, form=CPU_FORM)
     memory = integer(raw, "memoryGi", None, SECTION)
     if memory is not None and memory < 1:
         raise ConfigError(f"{key('memoryGi', SECTION)} is {memory}: give 1 GiB or more")
@@ -248,7 +287,7 @@ def parse_serving(raw: Any, default_image: str, default_claim: str, monitoring: 
         polling_interval_s=polling,
         scale_down_window_s=window,
         prometheus_url=prometheus_url,
-        cpu=str(raw["cpu"]) if raw.get("cpu") is not None else None,
+        cpu=cpu,
         memory_gi=memory,
         pre_stop_s=pre_stop,
         service_type=service_type,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .config import Config, FlowConfig, OptimConfig
+from .errors import UserError
 from .flow import flow_loss, shift_sigmas
 from .models import build_transformer, convert_to_float8, count_parameters, example_inputs, forward_flops, fuse_qkv
 from .optim import MasterWeightAdamW, make_adamw
@@ -38,6 +39,20 @@ KERNEL_FAMILIES: list[tuple[str, str]] = [
 ]
 
 
+class BenchVariantError(UserError, ValueError):
+    """A `bench.variants` entry names an unknown variant, option or option value."""
+
+
+# The values an option may take (a whole number for batch, res, fuse, ac and fsdp).
+VARIANT_CHOICES: dict[str, tuple[str, ...]] = {
+    "compile": ("none", "model", "block"), "attn": ("default", "flash", "cudnn", "efficient", "math"),
+    "weights": ("fp32", "bf16"), "adam": ("foreach", "fused"),
+    "fp8": ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"),
+    "mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+}
+_WHOLE_NUMBER_OPTIONS = ("fuse", "ac", "fsdp", "batch", "res")
+
+
 @dataclass
 class Variant:
     name: str
@@ -47,13 +62,22 @@ class Variant:
     def parse(cls, spec: str) -> Variant:
         name, _, rest = spec.partition(":")
         base = name.split("+")[0]
+        where = f"bench.variants (--variants) entry {spec!r}"
         if base not in VARIANT_DEFAULTS:
-            raise ValueError(f"unknown bench variant {base!r}; choose from {', '.join(VARIANT_DEFAULTS)}")
+            raise BenchVariantError(f"{where}: unknown bench variant {base!r}; choose from "
+                                    f"{', '.join(VARIANT_DEFAULTS)}")
         options = dict(VARIANT_DEFAULTS[base])
+        known = sorted({*options, *VARIANT_CHOICES, *_WHOLE_NUMBER_OPTIONS})
         for item in filter(None, rest.split(",")):
             key, _, value = item.partition("=")
-            if key not in options and key not in ("batch", "mode", "res", "fp8"):
-                raise ValueError(f"bench variant {spec!r}: unknown option {key!r}")
+            if key not in known:
+                raise BenchVariantError(f"{where}: unknown option {key!r}; the options are {', '.join(known)}")
+            if key in _WHOLE_NUMBER_OPTIONS:
+                if not value.isdigit() or (key in ("batch", "res") and int(value) < 1):
+                    raise BenchVariantError(f"{where}: {key}={value!r} must be a whole number"
+                                            + (" of 1 or more" if key in ("batch", "res") else " (0 or 1)"))
+            elif value not in VARIANT_CHOICES[key]:
+                raise BenchVariantError(f"{where}: {key}={value!r}; choose one of {', '.join(VARIANT_CHOICES[key])}")
             options[key] = int(value) if value.lstrip("-").isdigit() else value
         return cls(spec, options)
 

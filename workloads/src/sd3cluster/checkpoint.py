@@ -12,7 +12,9 @@ has COMPLETE; folders without it are ignored.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -54,8 +56,88 @@ def _write_durable(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def missing_parts(path: Path) -> list[str]:
+    """What a complete checkpoint folder has and this one lacks (the marker, DCP's metadata, the run state)."""
+    return [name for name in (MARKER, ".metadata", "trainer.json") if not (path / name).is_file()]
+
+
 def is_complete(path: Path) -> bool:
-    return (path / MARKER).is_file() and (path / ".metadata").is_file() and (path / "trainer.json").is_file()
+    return not missing_parts(path)
+
+
+def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The model settings a checkpoint's trainer.json records that differ from this run's, as
+    `key: checkpoint X, config Y` (the transformer's own config keys one by one, so the user sees which)."""
+    def flat(description: dict[str, Any]) -> dict[str, Any]:
+        out = {f"model.{k}" if k in ("preset", "fuse_qkv") else k: v for k, v in description.items()
+               if k != "transformer_config"}
+        out.update({f"transformer.{k}": v for k, v in (description.get("transformer_config") or {}).items()})
+        return out
+
+    a, b = flat(saved), flat(current)
+    return [f"{key}: checkpoint {a.get(key)!r}, config {b.get(key)!r}" for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)]
+
+
+_ADVICE = "move {path} away to resume from the one before, or set checkpoint.resume=never to start fresh"
+
+
+def read_trainer_json(path: Path) -> dict[str, Any]:
+    """The run state a checkpoint folder records (step, sampler, the model's description)."""
+    trainer_file = Path(path) / "trainer.json"
+    try:
+        state = json.loads(trainer_file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {trainer_file} cannot be read ({str(e).splitlines()[0][:200]}); "
+                              f"{_ADVICE.format(path=path)}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {trainer_file} holds no run state (a JSON {type(state).__name__}); "
+                              f"{_ADVICE.format(path=path)}")
+    return state
+
+
+class _DcpLogCapture(logging.Filter):
+    """DCP logs its read failures with their tracebacks on the root logger (which Python prints to stderr when no
+    handler is set) before raising: keep those records from the terminal and give their messages to our error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "torch/distributed/checkpoint" in record.pathname.replace(os.sep, "/"):
+            self.messages.append(record.getMessage())
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _quiet_dcp_logs():
+    capture = _DcpLogCapture()
+    root = logging.getLogger()
+    root.addFilter(capture)
+    try:
+        yield capture
+    finally:
+        root.removeFilter(capture)
+
+
+def _failure_reason(path: Path, e: BaseException, dcp_messages: list[str]) -> str:
+    """One line on why DCP could not read `path`, naming the file where that is known."""
+    inner = e
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        wrapped = next(iter(failures.values()))  # (exception, stack summary) per failed rank
+        inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+    text = str(inner).splitlines()[0][:300] if str(inner) else ""
+    reason = f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+    if isinstance(inner, EOFError):
+        reason += ", a file of it ends too early"
+    if any("metadata is not found" in m.lower() for m in dcp_messages):
+        cause = text.split("global metadata read failed: ", 1)[-1].split("; rank local", 1)[0]
+        return f"{path / '.metadata'} is damaged: {cause}"
+    filename = getattr(inner, "filename", None)
+    return f"{filename}: {reason}" if filename and filename not in reason else reason
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -135,19 +217,28 @@ class CheckpointManager:
     def load(self, path: Path, tensors: dict[str, Any]) -> dict[str, Any]:
         """Fill `tensors` in place from `path`; returns the trainer state. Raises CheckpointError if unusable."""
         path = Path(path)
-        if not path.is_dir():
+        if not path.exists():
             raise CheckpointError(f"checkpoint {path} does not exist; check checkpoint.resume or checkpoint.dir")
-        if not is_complete(path):
-            raise CheckpointError(f"checkpoint {path} is incomplete (no {MARKER} marker or metadata): a save was cut "
-                                  "off there; resume from another one or set checkpoint.resume=auto")
-        try:
-            dcp.load(tensors, checkpoint_id=str(path))
-            trainer_state = json.loads((path / "trainer.json").read_text())
-            rng_file = path / f"rank-{self.rt.rank}.pt"
-            if rng_file.is_file():
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint {path} is a file, not a checkpoint folder (step-*); check "
+                                  "checkpoint.resume or checkpoint.dir")
+        missing = missing_parts(path)
+        if missing:
+            raise CheckpointError(f"checkpoint {path} is incomplete: it has no {', '.join(missing)} (a save was cut "
+                                  "off there); resume from another one or set checkpoint.resume=auto")
+        advice = _ADVICE.format(path=path)
+        trainer_state = read_trainer_json(path)
+        with _quiet_dcp_logs() as dcp_logs:
+            try:
+                dcp.load(tensors, checkpoint_id=str(path))
+            except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
+                raise CheckpointError(f"checkpoint {path} cannot be read "
+                                      f"({_failure_reason(path, e, dcp_logs.messages)}); {advice}") from None
+        rng_file = path / f"rank-{self.rt.rank}.pt"
+        if rng_file.is_file():
+            try:
                 set_rng_state(torch.load(rng_file, weights_only=False), self.rt.device)
-        except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
-            raise CheckpointError(
-                f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:300]}); move it "
-                "away to resume from the one before, or set checkpoint.resume=never to start fresh") from None
+            except Exception as e:
+                raise CheckpointError(f"checkpoint {rng_file} cannot be read ({type(e).__name__}: "
+                                      f"{str(e).splitlines()[0][:200] if str(e) else ''}); {advice}") from None
         return trainer_state

@@ -7,8 +7,13 @@ import argparse
 import os
 import sys
 
+from .checks import preflight
 from .config import Config, load_config
 from .errors import UserError
+
+DEBUG_ENV = "SD3CLUSTER_DEBUG"
+# The exit status of every error the user can fix (argparse's own for a bad command line is 2 too).
+USER_ERROR_STATUS = 2
 
 # Convenience flags: each one is a shorthand for `--set KEY=VALUE`; a fourth element "switch" makes it a
 # flag without a value (`--ema` = `--set export.ema=true`).
@@ -104,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override one config key, e.g. --set train.steps=10 (repeatable)")
         p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+        p.add_argument("--debug", action="store_true",
+                       help=f"on an error, show Python's full traceback instead of one line (for bug reports; "
+                            f"also {DEBUG_ENV}=1)")
         for flag, key, text, *kind in shortcuts:
             if kind == ["switch"]:
                 p.add_argument(flag, dest=key, action="store_const", const="true", default=None,
@@ -200,6 +208,24 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
+def debug_requested(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+
+
+def user_error_message(e: BaseException) -> str | None:
+    """The one-line message of an error the user can act on, or None for a bug (which keeps its traceback).
+
+    UserError says what and where itself. An OSError that names its file (a folder made read-only, a full disk)
+    comes from an I/O boundary of the package that had no check for it: the file and the system's reason are
+    what the user needs."""
+    if isinstance(e, UserError):
+        return str(e)
+    if isinstance(e, OSError) and e.filename:
+        reason = e.strerror or str(e)
+        return f"{e.filename}: {reason}; check that path (that it exists, is of the right kind and writable)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -207,12 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(cfg.pretty())
             return 0
+        # Inputs are checked before anything is written or computed: a run that stops here changed nothing.
+        preflight(args.command, cfg)
         return _run(args, cfg)
-    except UserError as e:
+    except (UserError, OSError) as e:
+        message = user_error_message(e)
+        if message is None or debug_requested(args):
+            raise
         # Every rank of a torchrun launch meets the same input error; rank 0 says it once.
         if os.environ.get("RANK", "0") == "0":
-            print(f"sd3cluster {args.command}: error: {e}", file=sys.stderr, flush=True)
-        return 2
+            print(f"sd3cluster {args.command}: error: {message}", file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
 
 
 if __name__ == "__main__":

@@ -414,12 +414,17 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     if path is not None:
         path = Path(path)
         source = str(path)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config")
+        if not path.is_file():
+            raise ConfigError(f"config file {path} is a folder, not a file; pass a YAML file to --config")
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {path} cannot be read ({e}); pass a readable YAML file to --config") \
+                from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections (model:, data:, train: ...)")
         tree = loaded

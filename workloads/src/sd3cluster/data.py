@@ -144,9 +144,12 @@ class ShardDataset:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         index_path = self.folder / INDEX
-        if not self.folder.is_dir():
+        if not self.folder.exists():
             raise DataError(f"data.path {self.folder} does not exist; run `sd3cluster prepare` to make shards there "
                             "or set data.synthetic_samples for synthetic data")
+        if not self.folder.is_dir():
+            raise DataError(f"data.path {self.folder} is a file, not a folder; give the folder `sd3cluster prepare` "
+                            f"wrote (the one holding {INDEX})")
         if not index_path.is_file():
             raise DataError(f"data.path {self.folder} holds no {INDEX}: it is not a folder written by "
                             "`sd3cluster prepare` (or that run did not finish); run prepare again")
@@ -154,14 +157,24 @@ class ShardDataset:
             self.index = json.loads(index_path.read_text())
             self.shards = self.index["shards"]
             self.shapes = {k: tuple(v) for k, v in self.index["shapes"].items()}
-        except (ValueError, KeyError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             raise DataError(f"{index_path} is damaged ({e}); run `sd3cluster prepare` again") from None
         self.starts = [0]
-        for shard in self.shards:
+        self._handles: dict[int, object] = {}
+        for number, shard in enumerate(self.shards):
             if not (self.folder / shard["file"]).is_file():
                 raise DataError(f"shard {self.folder / shard['file']} listed in {index_path} is missing")
             self.starts.append(self.starts[-1] + shard["samples"])
-        self._handles: dict[int, object] = {}
+            # Opening reads and checks the header (and that the file is as long as it says): a damaged shard
+            # stops the run here, before anything is written, not at the step that first reads it. Closed again:
+            # a big dataset's shards are opened as the epoch reaches them, not all at once.
+            with self._open(number):
+                pass
+
+    def _damaged(self, shard: int, problem: str) -> DataError:
+        path = self.folder / self.shards[shard]["file"]
+        return DataError(f"shard {path} is damaged ({problem}); run `sd3cluster prepare` again into a new folder, "
+                         f"or restore that file")
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -176,9 +189,21 @@ class ShardDataset:
             out += [number[tuple(shard["bucket"])]] * shard["samples"]
         return out
 
+    def _open(self, shard: int):
+        """The shard's safetensors handle, after checking it holds the keys and samples the index lists."""
+        try:
+            handle = safe_open(str(self.folder / self.shards[shard]["file"]), "pt")
+            sizes = {k: handle.get_slice(k).get_shape() for k in KEYS}
+        except Exception as e:  # safetensors' own error type names neither the file nor the fix
+            raise self._damaged(shard, str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
+        if any(not size or size[0] < self.shards[shard]["samples"] for size in sizes.values()):
+            raise self._damaged(shard, f"it holds fewer samples than the {self.shards[shard]['samples']} {INDEX} "
+                                "lists")
+        return handle
+
     def _handle(self, shard: int):
         if shard not in self._handles:
-            self._handles[shard] = safe_open(str(self.folder / self.shards[shard]["file"]), "pt")
+            self._handles[shard] = self._open(shard)
         return self._handles[shard]
 
     def get(self, indices: list[int]) -> Batch:
@@ -187,8 +212,11 @@ class ShardDataset:
             shard = bisect.bisect_right(self.starts, i) - 1
             local = i - self.starts[shard]
             f = self._handle(shard)
-            for k in KEYS:
-                parts[k].append(f.get_slice(k)[local:local + 1])
+            try:
+                for k in KEYS:
+                    parts[k].append(f.get_slice(k)[local:local + 1])
+            except Exception as e:
+                raise self._damaged(shard, f"sample {local}: {str(e).splitlines()[0][:200]}") from None
         return Batch(*(torch.cat(parts[k]) for k in KEYS))
 
 

@@ -52,10 +52,10 @@ def pick_device(device: str, index: int = 0) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
+        from .checks import why_no_cuda
         from .errors import UserError
 
-        raise UserError("device cuda was asked for, but torch sees no CUDA device here (CPU-only torch build, no "
-                        "driver, or CUDA_VISIBLE_DEVICES hides them); use --device cpu or auto")
+        raise UserError(f"device cuda was asked for, but {why_no_cuda()}; use --device cpu or auto")
     dev = torch.device(f"cuda:{index}") if device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

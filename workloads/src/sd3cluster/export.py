@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from .checkpoint import MARKER, complete_checkpoints, is_complete
+from .checkpoint import MARKER, complete_checkpoints, is_complete, missing_parts
+from .checks import writable_folder
 from .config import ExportConfig
 from .errors import CheckpointError, UserError
 from .models import build_from_description, unfuse_state_dict
@@ -39,8 +40,8 @@ def resolve_checkpoint(path: Path, step: int | str = "latest") -> Path:
         raise CheckpointError(f"checkpoint {path} is a file; pass the run's checkpoint folder (checkpoint.dir)")
     if (path / ".metadata").is_file() or (path / MARKER).is_file():
         if not is_complete(path):
-            raise CheckpointError(f"checkpoint {path} is incomplete (no {MARKER} marker, .metadata or trainer.json): "
-                                  "its save was cut off; pick another step")
+            raise CheckpointError(f"checkpoint {path} is incomplete: it has no {', '.join(missing_parts(path))} (its "
+                                  "save was cut off); pick another step")
         return path
     done = complete_checkpoints(path)
     if not done:
@@ -192,9 +193,7 @@ def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         kind = "a file" if not out.is_dir() else "a folder that is not empty"
         raise UserError(f"export.out {out} is {kind}; name a new folder (export never overwrites)")
-    parent = out.parent if out.parent != Path("") else Path(".")
-    if parent.exists() and not os.access(parent, os.W_OK):
-        raise UserError(f"export.out {out}: its parent folder is not writable")
+    writable_folder(out, "export.out (--out)")
 
 
 def _copy_base(base: Path, dest: Path, link: bool) -> list[str]:

@@ -161,13 +161,9 @@ def check_settings(out: Path, settings: dict[str, Any]) -> None:
 def check_out(out: Path | None) -> Path:
     if out is None:
         raise UserError("generate needs --out DIR (the images and manifest.jsonl go there)")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; name a folder")
-    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise UserError(f"--out {out}: {probe} is not writable")
-    return out
+    from .checks import writable_folder
+
+    return writable_folder(Path(out), "--out (generate.out)")
 
 
 def png_bytes(image: np.ndarray, record: dict[str, Any], compress_level: int = 6) -> bytes:

@@ -775,7 +775,6 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _check_inputs(s: ServeConfig) -> Path | None:
     """Everything that can be checked before the port opens: weights, output folder. Returns the checkpoint."""
-    import os
 
     from .pipeline import check_pretrained
 
@@ -791,12 +790,9 @@ def _check_inputs(s: ServeConfig) -> Path | None:
 
         checkpoint = resolve_checkpoint(s.checkpoint, s.step)
     if s.output_dir is not None:
-        out = Path(s.output_dir)
-        if out.exists() and not out.is_dir():
-            raise UserError(f"serve.output_dir {out} is a file; give a folder (on the shared volume)")
-        probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-        if not os.access(probe, os.W_OK):
-            raise UserError(f"serve.output_dir {out}: {probe} is not writable by this user")
+        from .checks import writable_folder
+
+        writable_folder(Path(s.output_dir), "serve.output_dir (--output-dir)")
     return checkpoint
 
 

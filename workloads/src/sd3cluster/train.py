@@ -16,11 +16,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.nn.parallel import DistributedDataParallel
 
 from .buckets import BucketBatchSampler
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointManager, model_differences, read_trainer_json
 from .config import Config
 from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, SyntheticDataset
 from .dist import Runtime, all_reduce
-from .errors import DataError, UserError
+from .errors import CheckpointError, DataError, UserError
 from .flow import flow_loss, sample_noise
 from .lora import apply_lora, check_checkpoint_kind
 from .lora import describe as lora_describe
@@ -199,8 +199,14 @@ class Trainer:
 
     def load(self, manager: CheckpointManager, path: Path) -> None:
         if (Path(path) / "trainer.json").is_file():
-            check_checkpoint_kind(path, json.loads((Path(path) / "trainer.json").read_text()), self.cfg.train.mode,
-                                  self.lora)
+            saved = read_trainer_json(path)
+            check_checkpoint_kind(path, saved, self.cfg.train.mode, self.lora)
+            # Other model settings would fail inside DCP as tensors that do not fit: say which settings differ.
+            differ = model_differences(saved["model"], self.description) if saved.get("model") else []
+            if differ:
+                raise CheckpointError(f"checkpoint {path} was written with other model settings ({'; '.join(differ)}); "
+                                      "set them as that run had them to resume it, or point checkpoint.dir elsewhere "
+                                      "(or set checkpoint.resume=never) to start a new run")
         tensors = self.tensor_state()
         trainer = manager.load(path, tensors)
         options = StateDictOptions(ignore_frozen_params=True, strict=False) if self.lora else None

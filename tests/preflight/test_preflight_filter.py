@@ -119,6 +119,20 @@ def test_a_value_that_cannot_be_templated_is_a_problem_not_a_traceback():
     assert problems == ["cluster_mtu cannot be read ('mtu_of_site' is undefined): fix its value in the inventory"]
 
 
+def test_a_value_made_from_play_variables_is_left_to_the_play():
+    """hostvars templates a host's value without the play's magic variables: a value built from them is valid in
+    the play (the local inventory's backup_sftp_host), so it is not read here, while any other undefined name is."""
+    class PlayOnly(dict):
+        def __getitem__(self, key):
+            if key == "backup_sftp_host":
+                raise RuntimeError("'hostvars' is undefined")
+            if key == "cluster_mtu":
+                raise RuntimeError("'hostvarz' is undefined")
+            return super().__getitem__(key)
+    problems = pf.inventory_problems(GROUPS, {"n1": PlayOnly(GOOD_VARS, backup_sftp_host="x")}, RULES)
+    assert problems == ["cluster_mtu cannot be read ('hostvarz' is undefined): fix its value in the inventory"]
+
+
 def test_no_spec_found_is_said():
     problems = pf.inventory_problems(GROUPS, {"n1": GOOD_VARS}, dict(RULES, spec_files=["/nonexistent/*.yml"]))
     assert len(problems) == 1 and "no argument specs were found" in problems[0]

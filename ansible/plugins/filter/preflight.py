@@ -305,6 +305,14 @@ def _is_address(value):
     return True
 
 
+# Variables that exist only inside a play (Ansible's magic variables and facts). hostvars templates a host's value
+# without them, so a value built from them (the local inventory's backup_sftp_host reads
+# hostvars[backup_sftp_server]) cannot be read here; it is checked where a play uses it, not reported as broken.
+_PLAY_ONLY_UNDEFINED = re.compile(r"'(hostvars|groups|group_names|inventory_hostname(_short)?|inventory_dir|"
+                                  r"inventory_file|play_hosts|ansible_play_\w+|ansible_facts|ansible_\w+|omit)' "
+                                  r"is undefined")
+
+
 def _host_variables(hostvars, host, names):
     """The host's variables, read one at a time: a value that cannot be templated becomes a problem, not a
     traceback."""
@@ -315,12 +323,14 @@ def _host_variables(hostvars, host, names):
         except KeyError:
             continue
         except Exception as error:  # any templating error is the user's to fix, named
-            problems.append(f"{name} cannot be read ({error}): fix its value in the inventory")
-            continue
-        if isinstance(value, jinja2.Undefined):  # Ansible 2.19 hands an undefined value on instead of raising
-            problems.append(f"{name} cannot be read ({_undefined_reason(value)}): fix its value in the inventory")
-            continue
-        variables[name] = value
+            reason = str(error)
+        else:
+            if not isinstance(value, jinja2.Undefined):
+                variables[name] = value
+                continue
+            reason = _undefined_reason(value)  # Ansible 2.19 hands an undefined value on instead of raising
+        if not _PLAY_ONLY_UNDEFINED.search(reason):
+            problems.append(f"{name} cannot be read ({reason}): fix its value in the inventory")
     return variables, problems
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import runpy
+import subprocess
 
 import pulumi
 import pytest
@@ -21,7 +22,6 @@ BAD_CONFIGS = [
     ({"adminCidrs": ["203.0.113.5/24"]}, "not a network in CIDR form"),
     ({"availabilityZone": None}, "availabilityZone is missing"),
     ({"sshPublicKey": ""}, "sshPublicKey is missing: the key pair"),
-    ({"sshPublicKey": "-----BEGIN OPENSSH PRIVATE KEY-----"}, "not an OpenSSH public key (a line such as ssh-ed25519"),
     ({"clusterName": "SD3_cluster"}, "clusterName is 'SD3_cluster'"),
     ({"purchaseOption": "reserved"}, "purchaseOption is 'reserved': choose one of"),
     ({"purchaseOption": "capacity-block"}, "capacityReservationId is missing"),
@@ -46,6 +46,16 @@ def test_bad_config_is_refused_with_its_message(overrides, message):
     with pytest.raises(ConfigError, match=None) as caught:
         parse_config(values)
     assert message in str(caught.value)
+    assert str(caught.value).startswith("sd3-cluster-aws:")
+
+
+def test_a_private_key_given_as_the_public_one_is_refused(tmp_path):
+    """The likeliest mix-up: the private key file's text. The key is made here, so none is kept in the tree."""
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**AWS_VALUES, "sshPublicKey": key.read_text()})
+    assert "not an OpenSSH public key (a line such as ssh-ed25519" in str(caught.value)
     assert str(caught.value).startswith("sd3-cluster-aws:")
 
 

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from .data import ResumableBatchSampler
 from .errors import DataError
 
 
@@ -44,7 +45,7 @@ def cover_and_crop(width: int, height: int, bucket: tuple[int, int]) -> tuple[tu
     return resized, ((resized[0] - bucket[0]) // 2, (resized[1] - bucket[1]) // 2)
 
 
-class BucketBatchSampler:
+class BucketBatchSampler(ResumableBatchSampler):
     """Micro-batches of one bucket each. Per epoch: every bucket's samples in a seeded permutation, cut into global
     batches (a bucket's remainder waits for the next epoch's permutation), and the batches of all buckets in a seeded
     order; rank r keeps slice r of each. The state is (epoch, position), like DistributedBatchSampler's."""
@@ -91,15 +92,3 @@ class BucketBatchSampler:
         per_rank = self.global_batch // self.world
         return epoch, position + 1, chunk[self.rank * per_rank:(self.rank + 1) * per_rank]
 
-    def next_indices(self) -> list[int]:
-        self.epoch, self.position, indices = self._indices(self.epoch, self.position)
-        return indices
-
-    def peek_indices(self) -> list[int]:
-        return self._indices(self.epoch, self.position)[2]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])

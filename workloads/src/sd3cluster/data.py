@@ -252,7 +252,33 @@ def write_synthetic_shards(out: Path, samples: int, latent_shape: tuple[int, ...
     return writer.close()
 
 
-class DistributedBatchSampler:
+class ResumableBatchSampler:
+    """The cursor of a batch sampler: (epoch, position) is its whole state, saved in checkpoints and restored
+    exactly. A subclass says which indices a cursor gives: _indices(epoch, position) -> (epoch, position, indices)
+    of the next micro-step."""
+
+    epoch: int
+    position: int
+
+    def _indices(self, epoch: int, position: int) -> tuple[int, int, list[int]]:
+        raise NotImplementedError
+
+    def next_indices(self) -> list[int]:
+        self.epoch, self.position, indices = self._indices(self.epoch, self.position)
+        return indices
+
+    def peek_indices(self) -> list[int]:
+        """What next_indices() will return, without moving: the data loader reads it ahead."""
+        return self._indices(self.epoch, self.position)[2]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class DistributedBatchSampler(ResumableBatchSampler):
     """Each micro-step takes the next `global_batch` indices of a seeded per-epoch permutation; rank r keeps
     slice r. The whole state is (epoch, position): saved in checkpoints, restored exactly."""
 
@@ -288,16 +314,3 @@ class DistributedBatchSampler:
         per_rank = self.global_batch // self.world
         return epoch, position + 1, chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
 
-    def next_indices(self) -> list[int]:
-        self.epoch, self.position, indices = self._indices(self.epoch, self.position)
-        return indices
-
-    def peek_indices(self) -> list[int]:
-        """What next_indices() will return, without moving: the data loader reads it ahead."""
-        return self._indices(self.epoch, self.position)[2]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])

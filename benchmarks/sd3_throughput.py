@@ -2,7 +2,9 @@
 
     python3 benchmarks/sd3_throughput.py --case sd3-medium:1024:8:reference --case sd3-medium:1024:8:optimized
 
-A case is PRESET:RESOLUTION:BATCH:VARIANT (variant syntax in sd3cluster.bench). MFU = FLOPs of one forward
+A case is PRESET:RESOLUTION:BATCH:VARIANT (variant syntax in sd3cluster.bench); every case runs
+`sd3cluster train`'s Trainer step. Run each case in its own process when comparing them (one call of this
+script per case), so no case inherits another's compiled kernels or memory. MFU = FLOPs of one forward
 pass of the diffusers model counted by torch.utils.flop_counter, x 3, / (--peak-tflops x step time).
 `--sdpa` first times the attention kernels and the MLP's GEMM (bf16 and fp8) alone on SD3-medium's 1024^2
 shape; `--profile-steps N` traces N more steps of every case once it is warm and prints the GPU time per step of
@@ -22,7 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads" / "src"))
 
-from sd3cluster.bench import BenchResult, Variant, format_table, run_variant, train_flops_per_image
+from sd3cluster.bench import BenchResult, Variant, format_table, run_variant
+from sd3cluster.config import load_config
 
 
 def time_cuda(fn, iters: int = 10) -> float:
@@ -57,6 +60,17 @@ def sdpa_microbench(batch: int = 8, heads: int = 24, seq: int = 4250, head_dim: 
                          f"{both * 1e3:.2f} ms = {3.5 * fwd_flops / both / 1e12:.0f} TFLOP/s")
         except RuntimeError as e:
             lines.append(f"sdpa {name}: not available ({str(e).splitlines()[0][:100]})")
+    from sd3cluster.attention import attention, fa4_import_problem
+
+    if fa4_import_problem() is None:
+        qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        grad_s = grad.transpose(1, 2).contiguous()
+        fwd = time_cuda(lambda: attention(qs, ks, vs, "fa4"))
+        both = time_cuda(lambda: attention(qs, ks, vs, "fa4").backward(grad_s))
+        lines.append(f"fa4 (custom op): fwd {fwd * 1e3:.2f} ms = {fwd_flops / fwd / 1e12:.0f} TFLOP/s; fwd+bwd "
+                     f"{both * 1e3:.2f} ms = {3.5 * fwd_flops / both / 1e12:.0f} TFLOP/s")
+    else:
+        lines.append(f"fa4: not available ({fa4_import_problem()})")
     a = torch.randn(batch * 4096, 1536, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(6144, 1536, device="cuda", dtype=torch.bfloat16)
     mm = time_cuda(lambda: a @ w.t())
@@ -81,25 +95,23 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON file of the results")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
-    device = torch.device("cuda")
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
     print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     if args.sdpa:
         for line in sdpa_microbench():
             print(line, flush=True)
-    flops: dict[tuple[str, int], float] = {}
     results: list[BenchResult] = []
     for case in args.case:
         preset, res, batch, spec = case.split(":", 3)
         variant = Variant.parse(spec)
-        res_i = int(variant.options.get("res", res))
-        key = (preset, res_i)
-        if key not in flops:
-            flops[key] = train_flops_per_image(preset, res_i, args.text_tokens)
-            print(f"{preset} {res_i}^2: {flops[key] / 1e12:.2f} TFLOP per image per step (fwd x3)", flush=True)
+        base = load_config(overrides=[f"model.preset={preset}", f"data.resolution={res}", f"data.batch_size={batch}",
+                                      f"data.text_tokens={args.text_tokens}", f"bench.steps={args.steps}",
+                                      f"bench.warmup={args.warmup}", f"train.peak_tflops={args.peak_tflops}",
+                                      "train.device=cuda"])
         t0 = time.perf_counter()
         try:
-            r = run_variant(variant, preset, res_i, int(batch), args.text_tokens, args.steps, args.warmup, device,
-                            flops[key], args.peak_tflops, profile_steps=args.profile_steps)
+            r = run_variant(variant, base, device, profile_steps=args.profile_steps)
         except torch.OutOfMemoryError:
             print(f"[{case}] out of memory", flush=True)
             torch.cuda.empty_cache()
@@ -110,8 +122,8 @@ def main() -> int:
             continue
         results.append(r)
         print(f"[{case}] {r.images_per_s:.2f} images/s, MFU {r.mfu:.3f}, step {r.step_s * 1e3:.0f} ms, peak "
-              f"{r.peak_gib:.1f} GiB, first step {r.compile_s:.0f} s, case {time.perf_counter() - t0:.0f} s",
-              flush=True)
+              f"{r.peak_gib:.1f} GiB, first step {r.compile_s:.0f} s, case {time.perf_counter() - t0:.0f} s; "
+              f"{r.extra['attention']}", flush=True)
         if "kernel_ms_per_step" in r.extra:
             print(f"[{case}] GPU ms per step by kernel family: {r.extra['kernel_ms_per_step']}", flush=True)
             print(r.extra["top_kernels"], flush=True)

@@ -28,3 +28,12 @@ def torchrun(nproc: int, *args: str, max_restarts: int = 0, timeout: int = 400) 
            "--rdzv-endpoint=127.0.0.1:0", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
            "-m", "sd3cluster", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=run_env(), timeout=timeout, check=False)
+
+
+def accelerate_launch(nproc: int, port: int, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    """`accelerate launch` as the diffusers scripts use it. --multi_gpu is its multi-process launcher (torchrun
+    inside) also for CPU ranks; its --cpu mode starts several processes only through mpirun."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={nproc}",
+           "--num_machines=1", f"--main_process_port={port}", "--mixed_precision=no", "--dynamo_backend=no",
+           "-m", "sd3cluster", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=run_env(), timeout=timeout, check=False)

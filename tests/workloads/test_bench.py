@@ -1,7 +1,10 @@
+import json
+import math
 from types import SimpleNamespace
 
 import pytest
-from sd3cluster.bench import Variant, kernel_breakdown
+from sd3cluster.bench import Variant, kernel_breakdown, run_bench
+from sd3cluster.config import load_config
 
 
 class _Trace:
@@ -30,9 +33,32 @@ def test_kernel_breakdown_sorts_kernels_into_families_per_step():
 
 
 def test_variant_options_parse_and_reject_unknown_keys():
-    v = Variant.parse("optimized:fp8=tensorwise,batch=16")
-    assert v.options["fp8"] == "tensorwise" and v.options["batch"] == 16 and v.options["attn"] == "cudnn"
+    v = Variant.parse("optimized:fp8=tensorwise,batch=16,attn=cudnn")
+    assert v.overrides == {"model.float8": "tensorwise", "data.batch_size": 16, "model.attention": "cudnn"}
+    cfg = v.config(load_config(overrides=["model.preset=tiny", "data.batch_size=2"]))
+    assert cfg.data.batch_size == 16 and cfg.model.attention == "cudnn" and cfg.model.fuse_qkv
+    reference = Variant.parse("reference").config(load_config())
+    assert (reference.model.fuse_qkv, reference.model.compile, reference.model.attention, reference.optim.fused) \
+        == (False, False, "sdpa", False)
+    with pytest.raises(ValueError, match="attn='fa3'; choose one of auto, fa4"):
+        Variant.parse("optimized:attn=fa3")
     with pytest.raises(ValueError, match="unknown option 'fp9'"):
         Variant.parse("optimized:fp9=1")
     with pytest.raises(ValueError, match="unknown bench variant"):
         Variant.parse("fastest")
+
+
+def test_bench_runs_the_training_step_of_train(tmp_path, capsys):
+    """Both variants run train's Trainer (read-ahead data, per-sample noise, optimizer) on CPU with the tiny
+    preset; the report holds finite numbers and says which attention each used."""
+    cfg = load_config(overrides=["model.preset=tiny", "data.resolution=64", "data.batch_size=2", "bench.steps=2",
+                                 "bench.warmup=1", "train.device=cpu", f"bench.report={tmp_path / 'bench.json'}"])
+    results = run_bench(cfg)
+    assert [r.variant for r in results] == ["reference", "optimized"]
+    for r in results:
+        assert r.images_per_s > 0 and r.mfu > 0 and math.isfinite(r.loss) and r.batch == 2
+    assert "diffusers' processor" in results[0].extra["attention"]
+    assert results[1].extra["attention"].startswith("attention: sdpa (auto on cpu")
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["variant"] for r in report] == ["reference", "optimized"]
+    assert "| reference | tiny | 64 | 2 |" in capsys.readouterr().out

@@ -73,7 +73,7 @@ def test_device_cuda_without_cuda_names_the_flag_and_the_choices(capsys, workdir
 
 
 @pytest.mark.parametrize(("variants", "named"), [
-    ("fastest", ["bench.variants", "'fastest'", "reference, reference-compile, optimized"]),
+    ("fastest", ["bench.variants", "'fastest'", "reference, optimized"]),
     ("reference,optimized:attn=fast", ["bench.variants", "attn='fast'", "cudnn"]),
     ("optimized:batch=many", ["bench.variants", "batch='many'", "whole number"]),
     ("optimized:fp9=1", ["bench.variants", "unknown option 'fp9'", "fp8"]),

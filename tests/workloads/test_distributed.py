@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
-from sd3_helpers import TINY, torchrun
+from sd3_helpers import TINY, accelerate_launch, torchrun
 
 
 @pytest.mark.slow
@@ -67,3 +67,20 @@ def test_checkpoints_move_between_one_rank_and_ddp(tmp_path: Path):
             assert f"step-{resumed:08d} at step {resumed}" in log, log[-4000:]
         assert f"done: step {steps}" in log
     assert (ck / "latest").read_text().strip() == "step-00000006"
+
+
+@pytest.mark.slow
+def test_accelerate_launch_equals_torchrun(tmp_path: Path):
+    """The same 2-rank run under `accelerate launch` and under torchrun: the same losses, bit for bit."""
+    losses = {}
+    for launcher in ("torchrun", "accelerate"):
+        out = tmp_path / launcher
+        args = ["train", "--device", "cpu", *TINY, "--steps", "4", "--set", "data.synthetic_samples=16",
+                "--set", "output.progress=false", "--output-dir", str(out)]
+        result = torchrun(2, *args) if launcher == "torchrun" else accelerate_launch(2, 29631, *args)
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, log[-6000:]
+        assert "2 rank(s) on cpu (gloo); parallel ddp" in log and "done: step 4" in log
+        losses[launcher] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses["torchrun"]) == 4
+    assert losses["accelerate"] == losses["torchrun"]

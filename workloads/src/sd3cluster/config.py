@@ -24,7 +24,15 @@ class ModelConfig(_Section):
     preset: Literal["tiny", "sd3-medium", "sd35-medium", "sd35-large"] = "tiny"
     pretrained: Path | None = Field(None, description="local diffusers folder (transformer/ or the model itself)")
     fuse_qkv: bool = Field(True, description="one projection for q, k and v (and for the context's)")
-    compile: bool = False
+    compile: bool = Field(True, description="torch.compile every transformer block (CUDA only; the first step "
+                          "compiles, about 20 s for SD3-medium)")
+    attention: Literal["auto", "fa4", "cudnn", "flash", "sdpa"] = Field(
+        "auto", description="attention kernel of the fused q/k/v model: fa4 (FlashAttention-4, sm90+, `pip install "
+        "'sd3cluster[fa4]'`), cudnn, flash (PyTorch's FlashAttention-2), sdpa (PyTorch's dispatch); auto: fa4 on "
+        "sm90+ when it imports, else cudnn on CUDA, else sdpa. Printed at start")
+    float8: Literal["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = Field(
+        "none", description="float8 GEMMs for the joint blocks' linears (torchao, sm89+, with model.compile); "
+        "measured no faster than bf16 for SD3-medium on an H200 (benchmarks/sd3_training.md)")
     activation_checkpointing: bool = False
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .attention import attention
 
 # Configs of the published checkpoints' transformer/config.json; `tiny` is for CPU tests.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -84,21 +86,11 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> torch.Tensor:
-    """SDPA over (batch, heads, seq, head_dim). `cudnn` calls cuDNN's fused attention directly, so that
-    torch.compile keeps it (the backend flags are not part of its guards); on H200 it ran fwd+bwd at about
-    400 TFLOP/s against 260 for the flash kernel at SD3's head_dim 64."""
-    if backend == "cudnn" and q.is_cuda:
-        # The log-sum-exp is kept only for a backward pass; inference skips writing it.
-        keep_lse = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, keep_lse, 0.0, False, False)[0]
-    return F.scaled_dot_product_attention(q, k, v)
-
-
 class FusedJointAttnProcessor:
-    """Joint attention with one q/k/v projection per stream, heads kept in place for SDPA (no extra copies)."""
+    """Joint attention with one q/k/v projection per stream; q, k and v stay in the projection's (batch, tokens,
+    heads, head_dim) layout, which FlashAttention-4 reads as it is. `backend` is a resolved one (attention.py)."""
 
-    def __init__(self, backend: str = "auto"):
+    def __init__(self, backend: str = "sdpa"):
         self.backend = backend
 
     def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
@@ -114,8 +106,7 @@ class FusedJointAttnProcessor:
             if attn.norm_added_q is not None:
                 cq, ck = attn.norm_added_q(cq), attn.norm_added_k(ck)
             q, k, v = torch.cat([q, cq], 1), torch.cat([k, ck], 1), torch.cat([v, cv], 1)
-        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.backend)
-        out = out.transpose(1, 2).flatten(2)
+        out = attention(q, k, v, self.backend).flatten(2)
         if encoder_hidden_states is None:
             return attn.to_out[0](out)
         img, txt = out[:, :n_img], out[:, n_img:]
@@ -136,8 +127,9 @@ def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-def fuse_qkv(model: nn.Module, attention_backend: str = "auto") -> nn.Module:
-    """Replace to_q/to_k/to_v (and add_*_proj) by one linear each, keeping the same function."""
+def fuse_qkv(model: nn.Module, attention_backend: str = "sdpa") -> nn.Module:
+    """Replace to_q/to_k/to_v (and add_*_proj) by one linear each, keeping the same function; attention runs on
+    `attention_backend`, a backend that attention.resolve_backend returned for the model's device."""
     from diffusers.models.attention_processor import Attention
 
     for module in model.modules():
@@ -240,3 +232,10 @@ def forward_flops(preset: str, batch: int, resolution: int, text_tokens: int, fu
     with counter, torch.no_grad():
         model(**inputs, return_dict=False)
     return float(counter.get_total_flops())
+
+
+@functools.cache
+def train_flops_per_image(preset: str, resolution: int, text_tokens: int) -> float:
+    """FLOPs of a training step per image: the diffusers model's forward x 3 (forward + backward). MFU of `train`
+    and of `bench` both divide this by the peak, whatever kernels or fusions the run uses."""
+    return 3.0 * forward_flops(preset, 1, resolution, text_tokens)

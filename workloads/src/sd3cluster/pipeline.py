@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .attention import resolve_backend
 from .components import CLIP_TOKENS, Encoders, encode_prompts, load_encoders, missing_parts, random_encoders
 from .errors import UserError
 from .models import build_transformer, fuse_qkv
@@ -73,9 +74,11 @@ class CfgPair:
 class SD3Pipeline:
     def __init__(self, transformer: nn.Module, encoders: Encoders, device: torch.device, dtype: torch.dtype,
                  scheduler_config: dict[str, Any] | None = None, t5_tokens: int = 77, compile_blocks: bool = False,
-                 description: str = "", compile_vae: bool = False, training_model: bool = False):
+                 description: str = "", compile_vae: bool = False, training_model: bool = False,
+                 attention: str = "auto"):
         """training_model: `transformer` is a model being trained (already fused, compiled and wrapped, fp32
-        weights): it is used as it is, under bf16 autocast when `dtype` is bf16."""
+        weights): it is used as it is, under bf16 autocast when `dtype` is bf16. attention: model.attention's
+        choice (attention.py) for a transformer that is not the training model."""
         self.device, self.dtype, self.t5_tokens = device, dtype, t5_tokens
         self.description = description
         cuda = device.type == "cuda"
@@ -84,7 +87,8 @@ class SD3Pipeline:
             self.transformer = transformer
         else:
             transformer = transformer.to(device=device, dtype=dtype).eval().requires_grad_(False)
-            self.transformer = fuse_qkv(transformer, attention_backend="cudnn" if cuda else "auto")
+            self.attention, _ = resolve_backend(attention, device)
+            self.transformer = fuse_qkv(transformer, attention_backend=self.attention)
             if compile_blocks and cuda:
                 apply_compile(self.transformer)
         self.encoders = encoders.to(device, dtype)

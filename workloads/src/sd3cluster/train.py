@@ -15,6 +15,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from .attention import resolve_backend
 from .buckets import BucketBatchSampler
 from .checkpoint import CheckpointManager, model_differences, read_trainer_json
 from .config import Config
@@ -25,7 +26,8 @@ from .flow import flow_loss, sample_noise
 from .lora import apply_lora, check_checkpoint_kind
 from .lora import describe as lora_describe
 from .lora import param_groups as lora_param_groups
-from .models import build_transformer, count_parameters, forward_flops, fuse_qkv, text_dims, transformer_description
+from .models import (build_transformer, convert_to_float8, count_parameters, fuse_qkv, text_dims, train_flops_per_image,
+                     transformer_description)
 from .optim import EMA, make_optimizer, make_warmup
 from .parallel import parallelize, unwrap
 
@@ -61,8 +63,16 @@ class Trainer:
                                   dtype=base_dtype)
         self.parameters_count = count_parameters(model)
         self.description = transformer_description(model, cfg.model.preset, cfg.model.fuse_qkv)
+        self.attention, why = resolve_backend(cfg.model.attention, rt.device)
+        self.attention_note = f"attention: {why}" if cfg.model.fuse_qkv else \
+            "attention: diffusers' processor (model.fuse_qkv=false; model.attention applies to the fused model)"
         if cfg.model.fuse_qkv:
-            fuse_qkv(model, attention_backend="cudnn" if cuda else "auto")
+            fuse_qkv(model, attention_backend=self.attention)
+        if cfg.model.float8 != "none":
+            if not cuda:
+                raise UserError(f"model.float8={cfg.model.float8} needs a GPU with float8 tensor cores; set "
+                                "model.float8=none on this device")
+            convert_to_float8(model, cfg.model.float8)
         self.lora: dict[str, Any] | None = None
         if cfg.train.mode == "lora":
             self.lora = self._add_adapters(model)
@@ -150,6 +160,12 @@ class Trainer:
         return self.model.no_sync()
 
     def train_step(self) -> dict[str, float]:
+        """One optimizer step; its loss, gradient norm and learning rate as numbers (waits for the device)."""
+        return {k: float(v) for k, v in self.step_async().items()}
+
+    def step_async(self) -> dict[str, torch.Tensor | float]:
+        """One optimizer step, queued: loss and gradient norm stay device tensors, so the host goes on to queue
+        the next step while this one runs (reading them waits for it)."""
         cfg, rt = self.cfg, self.rt
         accum = cfg.train.grad_accum
         total = torch.zeros((), device=rt.device)
@@ -178,7 +194,7 @@ class Trainer:
             self.ema.update()
         self.step += 1
         mean_loss = all_reduce(rt, total.clone()) / rt.world
-        return {"loss": float(mean_loss), "grad_norm": float(norm), "lr": self.scheduler.get_last_lr()[0]}
+        return {"loss": mean_loss, "grad_norm": norm, "lr": self.scheduler.get_last_lr()[0]}
 
     # -- state ----------------------------------------------------------------------------------------------
     def tensor_state(self) -> dict[str, Any]:
@@ -301,8 +317,8 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
     side = cfg.data.resolution
     if trainer.latent_shape[-1] * 8 != side:
         side = trainer.latent_shape[-1] * 8
-    flops = 3.0 * forward_flops(cfg.model.preset, 1, side, trainer.dataset.shapes["prompt_embeds"][0],
-                                fused=cfg.model.fuse_qkv)
+    # MFU counts the FLOPs of the unmodified diffusers model, as `bench` does (models.train_flops_per_image).
+    flops = train_flops_per_image(cfg.model.preset, side, trainer.dataset.shapes["prompt_embeds"][0])
     log = MetricsLogger(cfg, rt, cfg.train.steps, trainer.step, flops)
     if resumed_from:
         log.note(f"resumed from {resumed_from} at step {trainer.step} (restart {rt.restart_count})")
@@ -310,6 +326,7 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
     log.note(f"model {cfg.model.preset}: {trainer.parameters_count:,} parameters; {rt.world} rank(s) on "
              f"{rt.device.type} ({rt.backend if rt.distributed else 'single process'}); parallel "
              f"{cfg.train.parallel if wrapped else 'none'}; global batch {trainer.global_micro * cfg.train.grad_accum}")
+    log.note(trainer.attention_note)
     images_per_step = trainer.global_micro * cfg.train.grad_accum
     previewer = None
     if cfg.preview.every:
@@ -319,26 +336,33 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
         log.note(f"previews of {len(cfg.preview.prompts)} prompt(s) every {cfg.preview.every} steps "
                  f"({previewer.source}) -> {cfg.output.dir / 'previews'}")
     try:
-        last = time.perf_counter()
+        # The host reads a step's loss (and so waits for the device) only where it must: a log line, a
+        # checkpoint, a preview, the last step. Between them it queues step n+1 while the device runs step n.
+        last, last_step = time.perf_counter(), trainer.step
         metrics: dict[str, float] = {}
         while trainer.step < cfg.train.steps:
-            metrics = trainer.train_step()
+            pending = trainer.step_async()
+            step = trainer.step
+            save = manager is not None and (step % cfg.checkpoint.every == 0 or step == cfg.train.steps)
+            preview = previewer is not None and step % cfg.preview.every == 0
+            if not (step % cfg.train.log_every == 0 or step == cfg.train.steps or save or preview):
+                _maybe_kill(cfg, rt, step)
+                continue
+            metrics = {k: float(v) for k, v in pending.items()}
             now = time.perf_counter()
-            images_per_s = images_per_step / max(now - last, 1e-9)
-            last = now
+            images_per_s = images_per_step * (step - last_step) / max(now - last, 1e-9)
             if not math.isfinite(metrics["loss"]):
-                raise FloatingPointError(f"loss became {metrics['loss']} at step {trainer.step}; lower optim.lr")
-            if trainer.step % cfg.train.log_every == 0 or trainer.step == cfg.train.steps:
-                log.log(trainer.step, metrics, images_per_s)
-            if manager is not None and (trainer.step % cfg.checkpoint.every == 0 or trainer.step == cfg.train.steps):
+                raise FloatingPointError(f"loss became {metrics['loss']} by step {step}; lower optim.lr")
+            if step % cfg.train.log_every == 0 or step == cfg.train.steps:
+                log.log(step, metrics, images_per_s)
+            if save:
                 saved = trainer.save(manager)
-                log.note(f"checkpoint {saved} (step {trainer.step})")
-                last = time.perf_counter()
-            if previewer is not None and trainer.step % cfg.preview.every == 0:
-                seconds = previewer.render(trainer.step, cfg.output.dir, log.tb)
-                log.note(f"previews of step {trainer.step} in {seconds:.1f} s")
-                last = time.perf_counter()
-            _maybe_kill(cfg, rt, trainer.step)
+                log.note(f"checkpoint {saved} (step {step})")
+            if preview:
+                seconds = previewer.render(step, cfg.output.dir, log.tb)
+                log.note(f"previews of step {step} in {seconds:.1f} s")
+            last, last_step = time.perf_counter(), step
+            _maybe_kill(cfg, rt, step)
     finally:
         log.close()
         trainer.close()

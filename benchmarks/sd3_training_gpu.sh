@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The training-speed runs of benchmarks/sd3_training.md on one GPU machine: every case in its own process,
+# all in one call. Usage (from the repository root, wheels of the optional `fa4` extra and of diffusers & co.
+# under WHEELS, results written to OUT):
+#   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split]
+set -uo pipefail
+: "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
+mkdir -p "$OUT" "$SITE"
+python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl 2>&1 | tail -2
+# pip --target does not run the CUTLASS DSL's .pth file: its packages folder goes on the path by hand.
+export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD/workloads/src"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch; from sd3cluster.attention import fa4_import_problem as p; \
+print('torch', torch.__version__, 'fa4:', p() or 'imports')"
+bench() {  # NAME CASE [extra args]: one case, one process
+  local name=$1 case=$2; shift 2
+  echo "== $name ($case)"
+  python3 benchmarks/sd3_throughput.py --case "$case" --steps 10 --warmup 3 --out "$OUT/$name.json" "$@" 2>&1 \
+    | grep -v "^|" | grep -E "^\[|images/s|TFLOP|failed|memory|Error" | tail -40
+}
+for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
+  tests) python3 -m pytest -q tests/workloads/test_attention.py 2>&1 | tail -5 ;;
+  attention) python3 benchmarks/sd3_throughput.py --sdpa --case sd3-medium:256:1:reference --steps 1 --warmup 1 \
+               2>&1 | grep -E "^(sdpa|fa4|matmul)" ;;
+  1024) bench ref-1024 sd3-medium:1024:8:reference
+        bench opt-1024 sd3-medium:1024:8:optimized
+        bench opt-cudnn-1024 sd3-medium:1024:8:optimized:attn=cudnn ;;
+  train) echo "== sd3cluster train, 1024^2, batch 8, 40 steps, a log line every 10"
+         rm -rf /tmp/train-run
+         python3 -m sd3cluster train --device cuda --set model.preset=sd3-medium --set data.resolution=1024 \
+           --set data.batch_size=8 --set data.synthetic_samples=400 --set train.steps=40 --set train.log_every=10 \
+           --set output.dir=/tmp/train-run --set output.progress=false --set output.tensorboard=false 2>&1 \
+           | grep -E "^(model|attention|done)|Error" | tail -5
+         cp /tmp/train-run/metrics.jsonl "$OUT/train-1024.jsonl" && python3 -c "
+import json; rows=[json.loads(l) for l in open('$OUT/train-1024.jsonl')]
+for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s (over the last 10 steps), MFU {r['mfu']:.3f}\")" ;;
+  512) bench ref-512 sd3-medium:512:32:reference
+       bench opt-512 sd3-medium:512:32:optimized ;;
+  split) bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
+esac; done; done

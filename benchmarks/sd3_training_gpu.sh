@@ -6,7 +6,10 @@
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
-python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl 2>&1 | tail -2
+# Into a stage first, then merged: pip --target will not add to a package folder that exists (the CUTLASS DSL's
+# libraries come in several wheels that share nvidia_cutlass_dsl/, and -libs-cu13 may be unpacked there already).
+rm -rf "$SITE.stage" && python3 -m pip install -q --no-index --no-deps --target "$SITE.stage" "$WHEELS"/*.whl 2>&1 | tail -2
+cp -a "$SITE.stage/." "$SITE/"
 # pip --target does not run the CUTLASS DSL's .pth file: its packages folder goes on the path by hand.
 export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD/workloads/src"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

@@ -22,6 +22,12 @@ def test_sdpa_backend_keeps_the_projection_layout():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_half_precision_kernels_leave_fp32_inputs_to_sdpa():
+    """A GPU kernel name on fp32 inputs (train.precision=fp32) computes with PyTorch's dispatch, not an error."""
+    q = torch.randn(1, 5, 2, 8)
+    torch.testing.assert_close(attention(q, q, q, "cudnn"), attention(q, q, q, "sdpa"), rtol=0, atol=0)
+
+
 def test_gpu_backends_stop_on_a_cpu_with_the_fix_named():
     assert resolve_backend("auto", torch.device("cpu"))[0] == "sdpa"
     assert resolve_backend("sdpa", torch.device("cpu"))[0] == "sdpa"

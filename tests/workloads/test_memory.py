@@ -30,9 +30,11 @@ def test_k_micro_batches_equal_one_k_times_batch(tmp_path: Path):
     one_losses, one_params = runs[1]
     for accum in (2, 4):
         losses, params = runs[accum]
-        # The same samples, noise and timesteps; only the order of the sums differs (fp32).
+        # The same samples, noise and timesteps; only the order of the sums differs (fp32). AdamW divides by
+        # sqrt(v), which magnifies that rounding where a gradient is tiny: 1e-5 is 1% of one step's move at
+        # lr 1e-3, while one wrong sample or noise moves parameters by about 1e-3.
         assert max(abs(a - b) for a, b in zip(losses, one_losses, strict=True)) < 1e-6, (accum, losses, one_losses)
-        assert (params - one_params).abs().max() < 1e-6, accum
+        assert (params - one_params).abs().max() < 1e-5, accum
 
 
 def test_training_never_loads_text_encoders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -58,11 +58,18 @@ def resolve_backend(name: str, device: torch.device) -> tuple[str, str]:
         if fa4_import_problem() is not None:
             raise UserError(f"model.attention=fa4, but flash-attn-4 does not import ({fa4_import_problem()}); "
                             f"{FA4_INSTALL}, or use auto or cudnn")
-    return name, f"{name} (asked for)"
+    return name, f"{name} (asked for; fp32 inputs go to sdpa)"
+
+
+HALF_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
-    """Non-causal attention over (batch, tokens, heads, head_dim) inputs; the output has the same layout."""
+    """Non-causal attention over (batch, tokens, heads, head_dim) inputs; the output has the same layout.
+    fa4, cudnn and flash are half-precision kernels: fp32 inputs (train.precision=fp32, an fp32 pipeline) go
+    to PyTorch's dispatch, which has fp32 kernels."""
+    if q.dtype not in HALF_PRECISION:
+        backend = "sdpa"
     if backend == "fa4":
         return torch.ops.sd3cluster.fa4_attention(q.contiguous(), k.contiguous(), v.contiguous())[0]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

@@ -39,7 +39,7 @@ def main() -> int:
     for world in (1, 512):
         rank = world - 1
         first = STEP * MICRO * world + rank * MICRO
-        noise = median_s(lambda: sample_noise(flow, 0, first, MICRO, LATENT))
+        noise = median_s(lambda first=first: sample_noise(flow, 0, first, MICRO, LATENT))
         sampler = DistributedBatchSampler(SAMPLES, MICRO * world, rank, world, seed=0)
         sampled = median_s(sampler.next_indices)
         rows[world] = (noise, sampled)

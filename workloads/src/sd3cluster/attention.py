@@ -46,7 +46,8 @@ def resolve_backend(name: str, device: torch.device) -> tuple[str, str]:
             return "sdpa", f"sdpa (auto on {device.type}: PyTorch's scaled_dot_product_attention)"
         if major >= 9 and fa4_import_problem() is None:
             return "fa4", f"fa4 (auto on sm{major}0: FlashAttention-4)"
-        why = f"sm{major}0 is older than Hopper" if major < 9 else f"flash-attn-4 does not import ({fa4_import_problem()})"
+        why = f"sm{major}0 is older than Hopper" if major < 9 else \
+            f"flash-attn-4 does not import ({fa4_import_problem()})"
         return "cudnn", f"cudnn (auto: cuDNN fused attention; {why})"
     if name in ("fa4", "cudnn", "flash") and not cuda:
         raise UserError(f"model.attention={name} runs on CUDA devices only; this run is on {device.type}: use auto "
@@ -120,13 +121,13 @@ def _(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _fa4_setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 (torch.library's signature)
+def _fa4_setup_context(ctx, inputs, output) -> None:
     q, k, v = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
 
 
-def _fa4_backward(ctx, dout: torch.Tensor, _dlse: torch.Tensor | None):  # noqa: ANN001, ANN202
+def _fa4_backward(ctx, dout: torch.Tensor, _dlse: torch.Tensor | None):
     q, k, v, out, lse = ctx.saved_tensors
     return fa4_attention_backward(dout.contiguous(), q, k, v, out, lse)
 

@@ -26,8 +26,15 @@ from .flow import flow_loss, sample_noise
 from .lora import apply_lora, check_checkpoint_kind
 from .lora import describe as lora_describe
 from .lora import param_groups as lora_param_groups
-from .models import (build_transformer, convert_to_float8, count_parameters, fuse_qkv, text_dims, train_flops_per_image,
-                     transformer_description)
+from .models import (
+    build_transformer,
+    convert_to_float8,
+    count_parameters,
+    fuse_qkv,
+    text_dims,
+    train_flops_per_image,
+    transformer_description,
+)
 from .optim import EMA, make_optimizer, make_warmup
 from .parallel import parallelize, unwrap
 

@@ -8,77 +8,26 @@ the end). Run them under the cluster's lock: `flock /tmp/sd3-local-cluster.lock 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-import yaml
+from e2e_support import REPO, cluster_up, host, hosts, node, playbook
 
-REPO = Path(__file__).resolve().parents[2]
-INVENTORY = REPO / "inventories" / "local" / "hosts.yml"
-BIN = Path(sys.executable).parent
 MARKER = "/etc/sd3-cluster/converged.json"
-ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-           CONTAINERS_CONF=str(REPO / "localcluster" / "containers.conf"))
 
 pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
 
-def run(*args: str, timeout: int = 3600, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO, timeout=timeout, check=False)
-    if check:
-        assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP lines as {host: {ok: n, changed: n, failed: n, ...}}."""
-    found = {}
-    for line in output.splitlines():
-        match = re.match(r"^(\S+)\s+: (ok=.*)$", line)
-        if match:
-            found[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
-    return found
-
-
-def playbook(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run(str(BIN / "ansible-playbook"), "-i", "inventories/local", *args, check=check)
-
-
-def cluster_up(nodes: int) -> None:
-    run(str(BIN / "python"), "localcluster/cluster.py", "up", "--nodes", str(nodes), timeout=900)
-
-
-def hosts() -> list[str]:
-    return list(yaml.safe_load(INVENTORY.read_text())["all"]["hosts"])
-
-
-def on(node: str, command: str, check: bool = True) -> str:
-    """A shell command inside a node, its stdout stripped."""
-    return run("podman", "exec", f"sd3-{node}", "bash", "-c", command, timeout=120, check=check).stdout.strip()
-
-
 def slurm_states() -> dict[str, str]:
     """{node: Slurm state} as the controller on node1 sees them."""
-    lines = on("node1", 'sinfo --noheader --Node --format "%N %t"').splitlines()
+    lines = node("node1", 'sinfo --noheader --Node --format "%N %t"').splitlines()
     return dict(line.split() for line in lines)
 
 
-def assert_green(result: subprocess.CompletedProcess) -> dict[str, dict[str, int]]:
-    hosts_recap = recap(result.stdout)
-    assert hosts_recap, result.stdout[-3000:]
-    bad = {name: h for name, h in hosts_recap.items() if h["failed"] or h["unreachable"]}
-    assert not bad, f"failed hosts {bad}:\n{result.stdout[-4000:]}"
-    return hosts_recap
-
-
 def verify_green(expected_hosts: list[str]) -> None:
-    result = playbook("ansible/playbooks/verify.yml")
+    result = playbook("ansible/playbooks/verify.yml", timeout=1800)
     assert "checks:" in result.stdout and " 0 failed" in result.stdout, result.stdout[-3000:]
     report = sorted((REPO / "reports").glob("verify-*.json"))[-1]
     data = json.loads(report.read_text())
@@ -91,7 +40,7 @@ def verify_green(expected_hosts: list[str]) -> None:
 def three_converged_nodes():
     """Start from 3 nodes that carry the converged marker (site.yml once if one lacks it)."""
     cluster_up(3)
-    if any(on(node, f"test -f {MARKER} && echo yes", check=False) != "yes" for node in hosts()):
+    if any(not host(name).file(MARKER).exists for name in hosts()):
         playbook("site.yml")
     yield
     cluster_up(3)
@@ -101,16 +50,16 @@ def test_scale_out_stops_when_nothing_is_new():
     result = playbook("scale_out.yml", check=False)
     assert result.returncode != 0
     assert "Nothing to scale out" in result.stdout, result.stdout[-3000:]
-    assert all(h["changed"] == 0 for h in recap(result.stdout).values()), result.stdout[-3000:]
+    result.assert_unchanged("scale_out.yml with nothing new")
 
 
 def test_scale_out_3_to_4_then_verify_on_4_nodes():
     cluster_up(4)
-    assert on("node4", f"test -f {MARKER} && echo yes", check=False) != "yes"
+    assert not host("node4").file(MARKER).exists
     started = time.monotonic()
     result = playbook("scale_out.yml")
     seconds = time.monotonic() - started
-    hosts_recap = assert_green(result)
+    hosts_recap = result.recap
     # localhost: the control machine's own check that the inventory lists hosts (it contacts no node).
     assert set(hosts_recap) == {"localhost", "node1", "node2", "node3", "node4"}
     assert "new nodes node4 get the whole stack" in result.stdout
@@ -118,15 +67,15 @@ def test_scale_out_3_to_4_then_verify_on_4_nodes():
     assert hosts_recap["node4"]["changed"] > hosts_recap["node2"]["changed"], hosts_recap
     # The next job can use it: Slurm schedules on node4, it mounts the volume, names resolve everywhere.
     assert slurm_states().get("node4") == "idle", slurm_states()
-    assert on("node1", "srun -N1 -w node4 hostname", check=False) == "node4"
-    assert on("node4", "findmnt -n -o FSTYPE /shared") == "fuse.glusterfs"
-    assert re.search(r"\bnode4\b", on("node2", "getent hosts node4"))
-    assert "node4" in on("node2", "cat /etc/ssh/ssh_known_hosts")
-    assert '"gpu_nodes"' in on("node4", f"cat {MARKER}")
+    assert node("node1", "srun -N1 -w node4 hostname", check=False) == "node4"
+    assert node("node4", "findmnt -n -o FSTYPE /shared") == "fuse.glusterfs"
+    assert re.search(r"\bnode4\b", node("node2", "getent hosts node4"))
+    assert "node4" in node("node2", "cat /etc/ssh/ssh_known_hosts")
+    assert '"gpu_nodes"' in node("node4", f"cat {MARKER}")
     # It serves too: the head's balancer and Prometheus know its worker.
-    assert on("node4", "systemctl is-active sd3-inference@0") == "active"
-    assert "10.213.0.104:8100 max_fails" in on("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
-    assert "10.213.0.104:8100" in on("node1", "cat /etc/prometheus/targets/sd3-inference.json")
+    assert host("node4").service("sd3-inference@0").is_running
+    assert "10.213.0.104:8100 max_fails" in node("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
+    assert "10.213.0.104:8100" in node("node1", "cat /etc/prometheus/targets/sd3-inference.json")
     print(f"scale-out 3 -> 4 took {seconds:.0f} s")
     verify_green(["node1", "node2", "node3", "node4"])
 
@@ -142,26 +91,25 @@ def test_remove_node_stops_before_any_change_when_bricks_have_nowhere_to_go():
 def test_remove_node_4_to_3_keeps_the_data_and_verify_stays_green():
     assert len(hosts()) == 4
     token = uuid.uuid4().hex
-    on("node1", f"mkdir -p /shared/day2-test && echo {token} > /shared/day2-test/before-remove.txt")
+    node("node1", f"mkdir -p /shared/day2-test && echo {token} > /shared/day2-test/before-remove.txt")
     result = playbook("remove_node.yml", "-e", "remove_nodes=node4")
-    assert_green(result)
     assert "node4 is out of the cluster" in result.stdout
     assert "node4" not in slurm_states(), slurm_states()
-    for node in ("node1", "node2", "node3"):
-        assert not re.search(r"\bnode4\b", on(node, "grep -v '^#' /etc/hosts")), f"node4 still in /etc/hosts of {node}"
-        assert "node4" not in on(node, "cat /etc/ssh/ssh_known_hosts"), f"node4 still in known_hosts of {node}"
-        assert "node4" not in on(node, "cat /etc/slurm/slurm-nodes.conf")
-    assert "10.213.0.104" not in on("node1", "cat /etc/prometheus/prometheus.yml")
-    assert "10.213.0.104" not in on("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
-    assert "10.213.0.104" not in on("node1", "cat /etc/prometheus/targets/sd3-inference.json")
-    assert on("node4", "systemctl is-active sd3-inference@0", check=False) != "active"
-    assert on("node4", "systemctl is-active slurmd", check=False) != "active"
-    assert on("node4", "findmnt -n /shared", check=False) == ""
+    for name in ("node1", "node2", "node3"):
+        assert not re.search(r"\bnode4\b", node(name, "grep -v '^#' /etc/hosts")), f"node4 in /etc/hosts of {name}"
+        assert "node4" not in node(name, "cat /etc/ssh/ssh_known_hosts"), f"node4 still in known_hosts of {name}"
+        assert "node4" not in node(name, "cat /etc/slurm/slurm-nodes.conf")
+    assert "10.213.0.104" not in node("node1", "cat /etc/prometheus/prometheus.yml")
+    assert "10.213.0.104" not in node("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
+    assert "10.213.0.104" not in node("node1", "cat /etc/prometheus/targets/sd3-inference.json")
+    assert not host("node4").service("sd3-inference@0").is_running
+    assert not host("node4").service("slurmd").is_running
+    assert node("node4", "findmnt -n /shared", check=False) == ""
     cluster_up(3)
     assert hosts() == ["node1", "node2", "node3"]
-    assert on("node2", "cat /shared/day2-test/before-remove.txt") == token
+    assert node("node2", "cat /shared/day2-test/before-remove.txt") == token
     verify_green(["node1", "node2", "node3"])
-    on("node1", "rm -rf /shared/day2-test")
+    node("node1", "rm -rf /shared/day2-test")
 
 
 def day2_lines(output: str) -> list[tuple[str, str, str]]:
@@ -171,14 +119,13 @@ def day2_lines(output: str) -> list[tuple[str, str, str]]:
 
 def test_rolling_upgrade_drains_one_gpu_node_at_a_time_and_resumes_each():
     result = playbook("rolling_upgrade.yml")
-    assert_green(result)
     events = day2_lines(result.stdout)
-    assert [(node, event) for node, event, _ in events] == [
+    assert [(name, event) for name, event, _ in events] == [
         ("node2", "drained"), ("node2", "resumed"), ("node3", "drained"), ("node3", "resumed")], events
-    for node, event, rest in events:
+    for name, event, rest in events:
         if event == "drained":
             drained = set(re.findall(r"(node\d+)=(?:drain|drng|drained)", rest))
-            assert drained == {node}, f"while {node} was upgraded Slurm had {rest.strip()}"
+            assert drained == {name}, f"while {name} was upgraded Slurm had {rest.strip()}"
     assert "GPU check skipped: no NVIDIA GPU device" in result.stdout
     assert slurm_states() == {"node2": "idle", "node3": "idle"}
 
@@ -189,11 +136,11 @@ def test_rolling_upgrade_stops_at_the_first_failure_leaving_it_drained():
     try:
         assert result.returncode != 0
         assert "rolling upgrade stopped at node2" in result.stdout, result.stdout[-3000:]
-        events = [(node, event) for node, event, _ in day2_lines(result.stdout)]
+        events = [(name, event) for name, event, _ in day2_lines(result.stdout)]
         assert events == [("node2", "drained")], events
         states = slurm_states()
         assert states["node2"] in ("drain", "drng"), states
         assert states["node3"] == "idle", states
-        assert "node3" not in recap(result.stdout) or recap(result.stdout)["node3"]["changed"] == 0
+        assert result.recap.get("node3", {"changed": 0})["changed"] == 0, result.recap
     finally:
-        on("node1", "scontrol update NodeName=node2 State=RESUME", check=False)
+        node("node1", "scontrol update NodeName=node2 State=RESUME", check=False)

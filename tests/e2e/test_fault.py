@@ -10,41 +10,16 @@ Runs after site.yml (test_local_cluster.py), in `make e2e-full`.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 
 import pytest
-from test_local_cluster import inventory
+from e2e_support import inventory, job_field, node, run, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
 TEMPLATE = "/opt/sd3cluster/jobs/train-sd3.sbatch"
 CONFIG = "/opt/sd3cluster/jobs/train-sd3.yaml"
 STEPS = 300
-
-
-def node(name: str, command: str, check: bool = True, timeout: int = 120) -> str:
-    result = subprocess.run(["podman", "exec", f"sd3-{name}", "bash", "-c", command], capture_output=True,
-                            text=True, timeout=timeout, check=False)
-    if check:
-        assert result.returncode == 0, f"{name}: {command}\n{result.stdout}\n{result.stderr}"
-    return result.stdout
-
-
-def wait_for(what: str, probe, timeout: float, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def job_field(head: str, job: str, field: str) -> str:
-    text = node(head, f"scontrol show job {job} -o", check=False)
-    match = re.search(rf"\b{field}=(\S+)", text)
-    return match.group(1) if match else ""
 
 
 def test_training_survives_a_killed_node_and_the_volume_heals():
@@ -64,17 +39,17 @@ def test_training_survives_a_killed_node_and_the_volume_heals():
         before_step = int(before.removeprefix("step-"))
         assert before_step < STEPS, f"the job reached {before} before the node could be killed"
 
-        subprocess.run(["podman", "kill", f"sd3-{victim}"], check=True, capture_output=True)
+        run("podman", "kill", f"sd3-{victim}")
         killed_at = time.monotonic()
         wait_for("Slurm to requeue the job", lambda: int(job_field(head, job, "Restarts") or 0) >= 1, 240)
         requeue_s = time.monotonic() - killed_at
 
-        subprocess.run(["podman", "start", f"sd3-{victim}"], check=True, capture_output=True)
+        run("podman", "start", f"sd3-{victim}")
         wait_for(f"job {job} to complete", lambda: job_field(head, job, "JobState") in ("COMPLETED", "FAILED"), 900, 3)
         text = node(head, f"cat {log}")
         assert job_field(head, job, "JobState") == "COMPLETED", text[-4000:]
     finally:
-        subprocess.run(["podman", "start", f"sd3-{victim}"], capture_output=True, check=False)
+        run("podman", "start", f"sd3-{victim}", check=False)
         node(head, f"scancel {job}", check=False)
 
     # It resumed from a checkpoint no older than the one seen before the kill, and finished the run.

@@ -9,8 +9,7 @@ import json
 import re
 
 import pytest
-from test_fault import job_field, node, wait_for
-from test_local_cluster import inventory
+from e2e_support import inventory, job_field, node, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.full]
 

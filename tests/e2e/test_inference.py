@@ -16,15 +16,12 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
-from test_fault import node, wait_for
-from test_local_cluster import BIN, changed_tasks, inventory, recap, run
+from e2e_support import REPO, inventory, node, playbook, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "workloads" / "src"))  # this worktree's sd3cluster, not an installed one
-from sd3cluster.loadgen import open_loop, summarize  # noqa: E402
+from sd3cluster.loadgen import open_loop, summarize
 
 pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
@@ -68,9 +65,8 @@ def prometheus(head: str, query: str) -> list[dict]:
     return answer["data"]["result"]
 
 
-def converge() -> str:
-    return run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", "--tags", "inference",
-               timeout=1200).stdout
+def converge():
+    return playbook("site.yml", "--tags", "inference", timeout=1200)
 
 
 def load_with(head: str, action, after: int) -> tuple[list, float, int]:
@@ -106,10 +102,7 @@ def test_the_balancer_routes_around_a_stopped_and_a_killed_worker():
 
     # The play converges (a node restarted by an earlier test comes back) and a second run changes nothing.
     converge()
-    second = converge()
-    changed = {name: h["changed"] for name, h in recap(second).items()}
-    assert all(count == 0 for count in changed.values()), \
-        f"the second inference run changed something: {changed}\n" + "\n".join(changed_tasks(second))
+    converge().assert_unchanged("the second inference run")
 
     wait_for("every worker up in the checker", lambda: all(
         checker_state(head).get(names[h], {}).get("up") for h in gpu_nodes), 120)

@@ -6,56 +6,12 @@ Needs `make cluster-up` first (the `e2e` target does it); marked `cluster` so `m
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-INVENTORY = REPO / "inventories" / "local" / "hosts.yml"
-BIN = Path(sys.executable).parent
-ENV = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-           CONTAINERS_CONF=str(REPO / "localcluster" / "containers.conf"))
+from e2e_support import BIN, INVENTORY, REPO, inventory, playbook, run
 
 pytestmark = pytest.mark.cluster
-
-
-def run(*args: str, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO, timeout=timeout, check=False)
-    if check:
-        assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-    return result
-
-
-def inventory() -> dict:
-    assert INVENTORY.exists(), "no inventories/local/hosts.yml: run `make cluster-up` first"
-    return yaml.safe_load(INVENTORY.read_text())
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP lines as {host: {ok: n, changed: n, failed: n, ...}}."""
-    hosts = {}
-    for line in output.splitlines():
-        match = re.match(r"^(\S+)\s+: (ok=.*)$", line)
-        if match:
-            hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
-    return hosts
-
-
-def changed_tasks(output: str) -> list[str]:
-    """'TASK [...]: host' for every task that reported changed, so a failed idempotence check says which."""
-    found, task = [], ""
-    for line in output.splitlines():
-        if line.startswith("TASK ["):
-            task = line.split("]")[0] + "]"
-        match = re.match(r"^changed: \[([^\]]+)\]", line)
-        if match:
-            found.append(f"{task}: {match.group(1)}")
-    return found
 
 
 def test_inventory_has_the_groups_and_a_single_head():
@@ -90,22 +46,16 @@ def test_host_keys_differ_between_nodes():
 
 @pytest.mark.full
 def test_site_yml_is_green_then_changes_nothing():
-    first = run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", timeout=3600)
-    hosts = recap(first.stdout)
+    first = playbook("site.yml")
     # localhost: the control machine's own check that the inventory lists hosts (it contacts no node).
-    assert set(hosts) == set(inventory()["all"]["hosts"]) | {"localhost"}
-    assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), first.stdout[-3000:]
-    second = run(str(BIN / "ansible-playbook"), "site.yml", "-i", "inventories/local", timeout=3600)
-    changed = {name: h["changed"] for name, h in recap(second.stdout).items()}
-    assert all(count == 0 for count in changed.values()), \
-        f"second run changed something: {changed}; the tasks:\n" + "\n".join(changed_tasks(second.stdout))
+    assert set(first.recap) == set(inventory()["all"]["hosts"]) | {"localhost"}
+    playbook("site.yml").assert_unchanged("the second run of site.yml")
 
 
 @pytest.mark.full
 def test_verify_yml_is_green_and_writes_its_report():
     before = set((REPO / "reports").glob("verify-*.json")) if (REPO / "reports").exists() else set()
-    result = run(str(BIN / "ansible-playbook"), "ansible/playbooks/verify.yml", "-i", "inventories/local",
-                 timeout=1800)
+    result = playbook("ansible/playbooks/verify.yml", timeout=1800)
     assert "checks:" in result.stdout and " 0 failed" in result.stdout, result.stdout[-3000:]
     reports = set((REPO / "reports").glob("verify-*.json")) - before
     assert len(reports) == 1

@@ -2,7 +2,7 @@
 
 Every run here must stop before any node is touched, with a message that names the file, knob or pattern,
 and no traceback. The day-2 playbooks run with --check against the loopback inventory of
-test_preflight_inventories.py: the stop comes from their first play, which contacts no host, so no cluster
+preflight_support.py: the stop comes from their first play, which contacts no host, so no cluster
 or container is needed.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_preflight_inventories import GOOD, REPO, assert_stopped_cleanly, variant
+from preflight_support import GOOD, REPO, assert_stopped_cleanly, variant
 
 BIN = Path(sys.executable).parent
 

@@ -10,10 +10,11 @@ from sd3cluster.models import (
 )
 
 
-@pytest.mark.parametrize("preset", sorted(EXPECTED_PARAMETERS))
-def test_preset_parameter_counts_on_meta(preset: str):
-    model = build_transformer(preset, device="meta")  # asserts the count itself
-    assert count_parameters(model) == EXPECTED_PARAMETERS[preset]
+def test_a_preset_whose_size_drifts_stops_the_build(monkeypatch: pytest.MonkeyPatch):
+    """build_transformer checks every preset against its expected count; a config that drifts is refused."""
+    monkeypatch.setitem(EXPECTED_PARAMETERS, "sd3-medium", 2_028_328_001)
+    with pytest.raises(AssertionError, match="preset sd3-medium has 2,028,328,000 parameters, expected 2,028,328,001"):
+        build_transformer("sd3-medium", device="meta")
 
 
 def test_sd3_medium_is_the_published_size():

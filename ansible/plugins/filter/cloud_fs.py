@@ -43,7 +43,8 @@ def cloud_fs_mount(backend, filesystem, extra_options=()):
     filesystem = filesystem if isinstance(filesystem, Mapping) else {}
     dns_name = str(filesystem.get("dns_name", "")).strip()
     if backend == "fsx_lustre":
-        what, fstype, base = f"{dns_name}@tcp:/{str(filesystem.get('mount_name', '')).strip()}", "lustre", LUSTRE_OPTIONS
+        mount_name = str(filesystem.get("mount_name", "")).strip()
+        what, fstype, base = f"{dns_name}@tcp:/{mount_name}", "lustre", LUSTRE_OPTIONS
     elif backend == "efs":
         what, fstype, base = f"{dns_name}:/", "nfs4", EFS_OPTIONS
     else:

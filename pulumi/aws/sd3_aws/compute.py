@@ -6,8 +6,8 @@ import pulumi
 import pulumi_aws as aws
 
 from .config import AwsClusterConfig
-from .tags import cluster_tags
 from .host_keys import host_key
+from .tags import cluster_tags
 from .userdata import cloud_init
 
 CANONICAL_OWNER_ID = "099720109477"

@@ -192,14 +192,6 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
             f"{_key('efa')} is true but {_key('gpuInstanceType')} {type_name} has no EFA interface: set "
             f"`pulumi config set efa false`, or choose a type with EFA ({', '.join(with_efa)})")
 
-    seed = str(_string(values, "hostKeySeed", "") or "")
-    if len(seed) < MIN_HOST_KEY_SEED:
-        raise ConfigError(
-            f"{_key('hostKeySeed')} is {'missing' if not seed else 'too short'}: every node's SSH host key is made "
-            f"from it, so the inventory can carry known_hosts and SSH stays strict; set it once, as a secret, "
-            f"with at least {MIN_HOST_KEY_SEED} characters: "
-            "`pulumi config set --secret hostKeySeed \"$(openssl rand -hex 32)\"`")
-
     shared = str(_string(values, "sharedFileSystem", "fsx-lustre"))
     if shared not in SHARED_FILESYSTEMS:
         raise ConfigError(f"{_key('sharedFileSystem')} is '{shared}': choose one of {', '.join(SHARED_FILESYSTEMS)}")
@@ -241,10 +233,19 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
         raise ConfigError(f"{_key('sshUser')} is '{ssh_user}': give the image's login user, a Linux user name such "
                           "as ubuntu (lower-case letters, digits, _ and -)")
 
+    admin_cidrs = _admin_cidrs(values)
+    seed = str(_string(values, "hostKeySeed", "") or "")
+    if len(seed) < MIN_HOST_KEY_SEED:
+        raise ConfigError(
+            f"{_key('hostKeySeed')} is {'missing' if not seed else 'too short'}: every node's SSH host key is made "
+            f"from it, so the inventory can carry known_hosts and SSH stays strict; set it once, as a secret, "
+            f"with at least {MIN_HOST_KEY_SEED} characters: "
+            "`pulumi config set --secret hostKeySeed \"$(openssl rand -hex 32)\"`")
+
     return AwsClusterConfig(
         cluster_name=cluster_name,
         availability_zone=str(zone),
-        admin_cidrs=_admin_cidrs(values),
+        admin_cidrs=admin_cidrs,
         ssh_public_key=ssh_public_key,
         gpu_instance_type=instance_type,
         gpu_node_count=count,

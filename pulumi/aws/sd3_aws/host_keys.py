@@ -45,7 +45,8 @@ def host_key(seed: str, hostname: str) -> HostKey:
     # OpenSSH's own format (PROTOCOL.key), unencrypted. The check integer is random in ssh-keygen; here it is
     # derived too, so the same seed gives the same bytes.
     check = hmac.new(secret, b"check", hashlib.sha256).digest()[:4]
-    private = check + check + _string(KEY_TYPE) + _string(public) + _string(secret + public) + _string(hostname.encode())
+    private = (check + check + _string(KEY_TYPE) + _string(public) + _string(secret + public)
+               + _string(hostname.encode()))
     private += bytes(range(1, 1 + (-len(private) % 8)))
     body = (b"openssh-key-v1\0" + _string(b"none") + _string(b"none") + _string(b"") + struct.pack(">I", 1)
             + _string(public_blob) + _string(private))

@@ -58,7 +58,7 @@ def build(config: AwsClusterConfig) -> dict[str, pulumi.Output[Any] | Any]:
     return {
         # The known_hosts file is the one inventories/cloud writes (pulumi/README.md).
         "ssh_command": head.public_address.public_ip.apply(
-            lambda ip: f"ssh -o StrictHostKeyChecking=yes -o UserKnownHostsFile=~/.ssh/{known_hosts_name(config.cluster_name)} "
-                       f"{config.ssh_user}@{ip}"),
+            lambda ip: f"ssh -o StrictHostKeyChecking=yes -o UserKnownHostsFile=~/.ssh/"
+                       f"{known_hosts_name(config.cluster_name)} {config.ssh_user}@{ip}"),
         "ansible_inventory": inventory,
     }

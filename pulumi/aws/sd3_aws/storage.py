@@ -13,7 +13,8 @@ from .tags import cluster_tags
 
 class SharedFileSystem(pulumi.ComponentResource):
     """FSx for Lustre (PERSISTENT_2, for training throughput) or EFS (elastic, NFSv4.1), reachable from the
-    cluster security group only. `mount` is what the cloud_fs_client role needs to mount it: {dns_name, mount_name (Lustre)}."""
+    cluster security group only. `mount` is what the cloud_fs_client role needs to mount it: {dns_name,
+    mount_name (Lustre)}."""
 
     mount: pulumi.Output[dict[str, Any]]
 

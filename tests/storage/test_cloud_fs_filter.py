@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("cloud_fs_filter", REPO / "ansible" / "plugins" / "filter" / "cloud_fs.py")
+PLUGIN = REPO / "ansible" / "plugins" / "filter" / "cloud_fs.py"
+spec = importlib.util.spec_from_file_location("cloud_fs_filter", PLUGIN)
 cloud_fs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cloud_fs)
 

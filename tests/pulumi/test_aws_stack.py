@@ -9,7 +9,7 @@ import pulumi
 import pytest
 import yaml
 from sd3_aws.compute import CANONICAL_OWNER_ID
-from sd3_aws.config import parse_config
+from sd3_aws.config import ConfigError, parse_config
 from sd3_aws.stack import build
 from sd3_pulumi_testing import AWS_VALUES, RecordingMocks, declare, integral
 
@@ -266,3 +266,37 @@ def test_inventory_output_matches_the_instances(pulumi_mocks):
     assert hostvars["sd3-gpu-02"]["efa_device_rdma"] is True
     assert hostvars["sd3-gpu-02"]["cluster_gpus_per_node"] == 8
     assert "efa_interfaces" not in hostvars["sd3-head"]
+
+
+@pytest.mark.parametrize(("settings", "interfaces", "device_rdma"), [
+    ({"gpuInstanceType": "p5.48xlarge"}, 32, True),
+    ({"gpuInstanceType": "p4d.24xlarge"}, 4, True),
+    ({"gpuInstanceType": "g6e.48xlarge"}, 4, False),  # EFA, but no GPUDirect RDMA on the g-types
+    ({"gpuInstanceType": "g6e.xlarge"}, 0, False),  # no EFA: unset efa follows the type
+    ({"gpuInstanceType": "p5.48xlarge", "efa": False}, 0, False),
+])
+def test_efa_switches_give_the_nodes_their_efa_variables(pulumi_mocks, settings, interfaces, device_rdma):
+    _, inventory = _declare(pulumi_mocks, **settings)
+    for host in inventory["gpu_nodes"]["hosts"]:
+        variables = inventory["_meta"]["hostvars"][host]
+        assert (variables["efa_interfaces"], variables["efa_device_rdma"]) == (interfaces, device_rdma)
+
+
+def test_efa_on_a_type_without_it_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**AWS_VALUES, "gpuInstanceType": "g6e.xlarge", "efa": True})
+    message = str(caught.value)
+    assert message.startswith("sd3-cluster-aws:efa is true but sd3-cluster-aws:gpuInstanceType g6e.xlarge has no EFA")
+    assert "`pulumi config set efa false`" in message and "p5.48xlarge" in message
+
+
+@pytest.mark.parametrize(("seed", "word"), [(None, "missing"), ("s3cr3t-value", "too short")])
+def test_host_key_seed_is_required(seed, word):
+    values = {key: value for key, value in AWS_VALUES.items() if key != "hostKeySeed"}
+    if seed:
+        values["hostKeySeed"] = seed
+    with pytest.raises(ConfigError) as caught:
+        parse_config(values)
+    assert f"sd3-cluster-aws:hostKeySeed is {word}" in str(caught.value)
+    assert "pulumi config set --secret hostKeySeed" in str(caught.value)
+    assert seed is None or seed not in str(caught.value)  # a secret is never echoed

@@ -4,6 +4,10 @@
 Reads the stack's outputs with `pulumi stack output --json --show-secrets` (in pulumi/aws, or
 $SD3_PULUMI_DIR, stack $SD3_PULUMI_STACK when set), or from a saved copy of them named by $SD3_PULUMI_OUTPUTS
 (`pulumi stack output --json > outputs.json`), and prints the `ansible_inventory` output that the stack built.
+
+The stack made every node's SSH host key (pulumi/aws/sd3_aws/host_keys.py) and put the known_hosts lines into
+the inventory; they are written to $SD3_KNOWN_HOSTS (default ~/.ssh/sd3-<cluster>.known_hosts), which every
+connection of the inventory checks host keys against (StrictHostKeyChecking=yes).
 """
 
 from __future__ import annotations
@@ -68,6 +72,28 @@ def inventory_from_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
     return inventory
 
 
+def write_known_hosts(inventory: dict[str, Any], environ: dict[str, str]) -> None:
+    """Write the stack's known_hosts lines where the inventory's SSH options look (pulumi_known_hosts_file)."""
+    variables = inventory.setdefault("all", {}).setdefault("vars", {})
+    lines = variables.get("pulumi_known_hosts")
+    if not isinstance(lines, list) or not lines:
+        raise InventoryError("the stack's ansible_inventory holds no host keys (pulumi_known_hosts): re-run "
+                             "`pulumi up` with this version of pulumi/aws")
+    default = Path.home() / ".ssh" / f"sd3-{variables.get('pulumi_cluster_name', 'cluster')}.known_hosts"
+    path = Path(environ.get("SD3_KNOWN_HOSTS") or default).expanduser().resolve()
+    text = "".join(f"{line}\n" for line in lines)
+    try:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(text, encoding="utf-8")
+            partial.replace(path)
+    except OSError as error:
+        raise InventoryError(f"cannot write the cluster's known_hosts to {path} ({error.strerror}): point "
+                             "SD3_KNOWN_HOSTS at a writable file") from None
+    variables["pulumi_known_hosts_file"] = str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print the whole inventory (what Ansible asks)")
@@ -75,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         inventory = inventory_from_outputs(read_outputs(dict(os.environ)))
+        write_known_hosts(inventory, dict(os.environ))
     except InventoryError as error:
         print(f"inventories/cloud: {error}", file=sys.stderr)
         return 1

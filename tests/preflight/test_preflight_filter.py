@@ -15,7 +15,7 @@ spec.loader.exec_module(pf)
 
 SPEC_FILES = [str(REPO / "roles" / "*" / "meta" / "argument_specs.yml"),
               str(REPO / "ansible" / "playbooks" / "day2" / "argument_specs.yml")]
-RULES = {"storage_backends": ["glusterfs", "nfs"], "mtu_range": [1280, 9216],
+RULES = {"storage_backends": ["glusterfs", "nfs", "fsx_lustre", "efs"], "mtu_range": [1280, 9216],
          "required_groups": ["head", "gpu_nodes", "storage_nodes"], "id_range": [1000, 59999],
          "spec_files": SPEC_FILES}
 GROUP = {"name": "sd3", "gid": 2000}
@@ -231,3 +231,37 @@ def test_molecule_scenarios_that_run_preflight_pass_its_inventory_check(path):
 
 def test_a_scenario_runs_preflight():
     assert SCENARIOS_WITH_PREFLIGHT, "no molecule scenario imports preflight.yml: the test above checks nothing"
+
+
+# -- the AWS file system backends (pulumi/aws's inventory) --------------------------------------------------------
+FSX = {"dns_name": "fs-0123.fsx.us-east-1.amazonaws.com", "mount_name": "abcdefgh"}
+CLOUD_GROUPS = {"all": ["n1"], "head": ["n1"], "gpu_nodes": ["n1"], "storage_nodes": [], "ungrouped": []}
+
+
+def cloud_problems(groups=None, **changes):
+    variables = {**GOOD_VARS, "cluster_storage_backend": "fsx_lustre", "cluster_shared_filesystem": FSX, **changes}
+    return pf.inventory_problems(groups or CLOUD_GROUPS, {"n1": {k: v for k, v in variables.items() if v is not None}},
+                                 RULES)
+
+
+def test_cloud_backends_need_no_storage_nodes():
+    assert cloud_problems() == []
+    assert cloud_problems(cluster_storage_backend="efs", cluster_shared_filesystem={"dns_name": FSX["dns_name"]}) == []
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"cluster_shared_filesystem": {"dns_name": FSX["dns_name"]}},
+     "cluster_storage_backend is fsx_lustre but cluster_shared_filesystem has no mount_name"),
+    ({"cluster_shared_filesystem": None}, "has no dns_name and no mount_name"),
+    ({"cluster_storage_backend": "efs", "cluster_shared_filesystem": {"mount_name": "x"}},
+     "cluster_storage_backend is efs but cluster_shared_filesystem has no dns_name"),
+])
+def test_cloud_backend_without_its_file_system_is_named(changes, message):
+    problems = cloud_problems(**changes)
+    assert any(message in problem for problem in problems), problems
+
+
+def test_fsx_together_with_glusterfs_bricks_is_refused():
+    problems = cloud_problems(groups=GROUPS)
+    assert any("cluster_storage_backend is fsx_lustre but storage_nodes has n1: GlusterFS bricks and an AWS file "
+               "system are two shared volumes" in problem for problem in problems), problems

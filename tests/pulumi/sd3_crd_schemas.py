@@ -3,7 +3,10 @@
 kubernetes-validate knows the built-in kinds only, and no CRD can be downloaded here, so these schemas are
 written from the projects' documented specs: KEDA's ScaledObject (keda.sh/docs/2.17/reference/scaledobject-spec/
 and the Prometheus scaler, keda.sh/docs/2.17/scalers/prometheus/) and the Prometheus Operator's PodMonitor
-(prometheus-operator.dev/docs/api-reference/api/#monitoring.coreos.com/v1.PodMonitor). Every object is closed
+(prometheus-operator.dev/docs/api-reference/api/#monitoring.coreos.com/v1.PodMonitor), and Volcano's Job
+(batch.volcano.sh/v1alpha1, the CRD's openAPIV3Schema in volcano-sh/volcano's installer/helm/chart/volcano/crd/bases/
+batch.volcano.sh_jobs.yaml, v1.12; the pod template inside a task is a Kubernetes PodTemplateSpec, checked with
+kubernetes-validate as the Pods it makes). Every object is closed
 (`additionalProperties: false`), so a misspelled field fails as it would with `kubernetes-validate --strict`.
 """
 
@@ -90,4 +93,54 @@ POD_MONITOR = _closed({
     }, ["selector", "podMetricsEndpoints"]),
 }, ["apiVersion", "kind", "metadata", "spec"])
 
-SCHEMAS = {("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT, ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR}
+# Volcano's job lifecycle (pkg/apis/batch/v1alpha1: Event and Action).
+_VOLCANO_EVENTS = ["*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown", "TaskCompleted",
+                   "TaskFailed", "OutOfSync", "CommandIssued", "JobUpdated"]
+_VOLCANO_ACTIONS = ["AbortJob", "RestartJob", "RestartTask", "RestartPod", "TerminateJob", "CompleteJob",
+                    "ResumeJob", "SyncJob", "EnqueueJob", "SyncQueue", "OpenQueue", "CloseQueue"]
+_VOLCANO_POLICY = _closed({
+    "event": {"enum": _VOLCANO_EVENTS},
+    "events": {"type": "array", "items": {"enum": _VOLCANO_EVENTS}},
+    "action": {"enum": _VOLCANO_ACTIONS},
+    "exitCode": {"type": "integer"},
+    "timeout": {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"},
+})
+_VOLCANO_TASK = _closed({
+    "name": _NAME,
+    "replicas": {"type": "integer", "minimum": 0},
+    "minAvailable": {"type": "integer", "minimum": 0},
+    "maxRetry": {"type": "integer", "minimum": 0},
+    "policies": {"type": "array", "items": _VOLCANO_POLICY},
+    "topologyPolicy": {"enum": ["none", "best-effort", "restricted", "single-numa-node"]},
+    "dependsOn": _closed({"name": {"type": "array", "items": {"type": "string"}},
+                          "iteration": {"enum": ["any", "all"]}}),
+    # A PodTemplateSpec: its contents are checked against Kubernetes' own schema (task_pods).
+    "template": _closed({"metadata": {"type": "object"}, "spec": {"type": "object"}}, ["spec"]),
+}, ["name", "replicas", "template"])
+
+VOLCANO_JOB = _closed({
+    "apiVersion": {"const": "batch.volcano.sh/v1alpha1"},
+    "kind": {"const": "Job"},
+    "metadata": _METADATA,
+    "spec": _closed({
+        "schedulerName": {"type": "string"},
+        "queue": {"type": "string"},
+        "priorityClassName": {"type": "string"},
+        "minAvailable": {"type": "integer", "minimum": 0},
+        "minSuccess": {"type": "integer", "minimum": 1},
+        "maxRetry": {"type": "integer", "minimum": 0},
+        "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0},
+        "runningEstimate": {"type": "string"},
+        # Job plugins and their arguments: ssh, svc, env, pytorch, mpi, tensorflow.
+        "plugins": {"type": "object", "propertyNames": {"enum": ["ssh", "svc", "env", "pytorch", "mpi", "tensorflow"]},
+                    "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+        "policies": {"type": "array", "items": _VOLCANO_POLICY},
+        "tasks": {"type": "array", "minItems": 1, "items": _VOLCANO_TASK},
+        "volumes": {"type": "array", "items": {"type": "object"}},
+        "networkTopology": _closed({"mode": {"enum": ["hard", "soft"]},
+                                    "highestTierAllowed": {"type": "integer", "minimum": 1}}),
+    }, ["tasks"]),
+}, ["apiVersion", "kind", "metadata", "spec"])
+
+SCHEMAS = {("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT, ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR,
+           ("batch.volcano.sh/v1alpha1", "Job"): VOLCANO_JOB}

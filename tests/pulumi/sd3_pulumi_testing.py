@@ -97,6 +97,7 @@ AWS_VALUES: dict[str, Any] = {
     "gpuInstanceType": "p5.48xlarge",
     "gpuNodeCount": 3,
     "tags": {"project": "sd3-training"},
+    "hostKeySeed": "0123456789abcdef0123456789abcdef-test-seed",
 }
 
 K8S_VALUES: dict[str, Any] = {

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 
+import pulumi
 import pytest
+import yaml
 from sd3_aws.compute import CANONICAL_OWNER_ID
-from sd3_aws.config import parse_config
+from sd3_aws.config import ConfigError, parse_config
 from sd3_aws.stack import build
-from sd3_pulumi_testing import AWS_VALUES, declare, integral
+from sd3_pulumi_testing import AWS_VALUES, RecordingMocks, declare, integral
 
 INSTANCE = "aws:ec2/instance:Instance"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -87,7 +90,51 @@ def test_node_count(pulumi_mocks, count):
     assert len(gpu_instances) == count
     assert all(r.inputs["launchTemplate"]["version"] == "$Latest" for r in gpu_instances)
     assert [r.inputs["tags"]["Name"] for r in gpu_instances] == inventory["gpu_nodes"]["hosts"]
-    assert all("hostname: sd3-gpu-" in r.inputs["userData"] for r in gpu_instances)
+    assert all('hostname: "sd3-gpu-' in _secret(r.inputs["userData"]) for r in gpu_instances)
+
+
+SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a secret value on the RPC boundary
+
+
+def _secret(value):
+    """The value of a secret input; fails when the input is not marked secret."""
+    assert isinstance(value, dict) and SECRET_SIG in value, f"not a secret: {str(value)[:60]}"
+    return value["value"]
+
+
+def test_host_keys_in_user_data_match_the_inventory_known_hosts(pulumi_mocks, tmp_path):
+    """Each node boots with the private host key whose public half the inventory's known_hosts holds, checked
+    with ssh-keygen; the same seed gives the same user data on every `pulumi up`."""
+    _, inventory = _declare(pulumi_mocks)
+    lines = inventory["all"]["vars"]["pulumi_known_hosts"]
+    known = {line.split()[0].split(",")[-1]: line.split()[1:3] for line in lines}
+    instances = pulumi_mocks.of_type(INSTANCE)
+    assert len(instances) == 4 and set(known) == {"sd3-head", "sd3-gpu-01", "sd3-gpu-02", "sd3-gpu-03"}
+    for instance in instances:
+        user_data = yaml.safe_load(_secret(instance.inputs["userData"]))
+        host = user_data["hostname"]
+        assert user_data["ssh_genkeytypes"] == [] and user_data["ssh_deletekeys"] is True
+        key_file = tmp_path / host
+        key_file.write_text(user_data["ssh_keys"]["ed25519_private"])
+        key_file.chmod(0o600)
+        derived = subprocess.run(["ssh-keygen", "-y", "-f", str(key_file)], capture_output=True, text=True,
+                                 check=True).stdout.split()
+        assert derived[:2] == known[host] == user_data["ssh_keys"]["ed25519_public"].split()[:2]
+    again = RecordingMocks()
+    pulumi.runtime.set_mocks(again, project="sd3-test", stack="test", preview=False)
+    declare(lambda: pulumi.Output.all(**build(parse_config(AWS_VALUES))))
+    assert [_secret(i.inputs["userData"]) for i in again.of_type(INSTANCE)] == [
+        _secret(i.inputs["userData"]) for i in instances]
+
+
+def test_ssh_options_are_strict_everywhere(pulumi_mocks):
+    _, inventory = _declare(pulumi_mocks)
+    for host, variables in inventory["_meta"]["hostvars"].items():
+        args = variables["ansible_ssh_common_args"]
+        assert "accept-new" not in args and "StrictHostKeyChecking=no" not in args, host
+        # The node itself and the hop through the head both check against the stack's known_hosts alone.
+        assert args.count("StrictHostKeyChecking=yes") == (2 if host != "sd3-head" else 1), host
+        assert args.count("UserKnownHostsFile={{ pulumi_known_hosts_file }}") == args.count("StrictHostKeyChecking=yes")
 
 
 def test_no_ingress_from_the_world(pulumi_mocks):
@@ -182,8 +229,10 @@ def test_fsx_lustre(pulumi_mocks):
     assert integral(lustre.inputs["storageCapacity"]) == 4800
     assert lustre.inputs["deploymentType"] == "PERSISTENT_2"
     assert lustre.inputs["securityGroupIds"] == ["sd3-cluster-id"]
-    shared = inventory["all"]["vars"]["pulumi_shared_filesystem"]
-    assert shared["type"] == "lustre" and shared["source"] == "fs-0123.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh"
+    assert inventory["all"]["vars"]["pulumi_shared_filesystem"] == {
+        "dns_name": "fs-0123.fsx.us-east-1.amazonaws.com", "mount_name": "abcdefgh"}
+    assert inventory["all"]["vars"]["pulumi_storage_backend"] == "fsx_lustre"
+    assert inventory["storage_nodes"]["hosts"] == []
 
 
 def test_efs(pulumi_mocks):
@@ -192,13 +241,17 @@ def test_efs(pulumi_mocks):
     (target,) = pulumi_mocks.of_type("aws:efs/mountTarget:MountTarget")
     assert target.inputs["securityGroups"] == ["sd3-cluster-id"]
     assert not pulumi_mocks.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")
-    assert inventory["all"]["vars"]["pulumi_shared_filesystem"]["type"] == "efs"
+    assert inventory["all"]["vars"]["pulumi_shared_filesystem"] == {"dns_name": "fs-0456.efs.us-east-1.amazonaws.com"}
+    assert inventory["all"]["vars"]["pulumi_storage_backend"] == "efs"
 
 
 def test_no_shared_filesystem(pulumi_mocks):
     _, inventory = _declare(pulumi_mocks, sharedFileSystem="none")
     assert not [r for r in pulumi_mocks.resources if r.typ.startswith(("aws:efs", "aws:fsx"))]
-    assert inventory["all"]["vars"]["pulumi_shared_filesystem"] == {"type": "none"}
+    # No AWS file system: the head exports one over NFS (no GlusterFS: the instances have no brick disks).
+    assert inventory["all"]["vars"]["pulumi_shared_filesystem"] == {}
+    assert inventory["all"]["vars"]["pulumi_storage_backend"] == "nfs"
+    assert inventory["storage_nodes"]["hosts"] == []
 
 
 def test_inventory_output_matches_the_instances(pulumi_mocks):
@@ -209,4 +262,41 @@ def test_inventory_output_matches_the_instances(pulumi_mocks):
     assert hostvars["sd3-head"]["ansible_host"].startswith("198.51.100.")
     network = ipaddress.ip_network(inventory["all"]["vars"]["pulumi_cluster_network_cidr"])
     assert all(ipaddress.ip_address(v["cluster_address"]) in network for v in hostvars.values())
-    assert hostvars["sd3-gpu-02"]["aws_efa_interfaces"] == 32
+    assert hostvars["sd3-gpu-02"]["efa_interfaces"] == 32
+    assert hostvars["sd3-gpu-02"]["efa_device_rdma"] is True
+    assert hostvars["sd3-gpu-02"]["cluster_gpus_per_node"] == 8
+    assert "efa_interfaces" not in hostvars["sd3-head"]
+
+
+@pytest.mark.parametrize(("settings", "interfaces", "device_rdma"), [
+    ({"gpuInstanceType": "p5.48xlarge"}, 32, True),
+    ({"gpuInstanceType": "p4d.24xlarge"}, 4, True),
+    ({"gpuInstanceType": "g6e.48xlarge"}, 4, False),  # EFA, but no GPUDirect RDMA on the g-types
+    ({"gpuInstanceType": "g6e.xlarge"}, 0, False),  # no EFA: unset efa follows the type
+    ({"gpuInstanceType": "p5.48xlarge", "efa": False}, 0, False),
+])
+def test_efa_switches_give_the_nodes_their_efa_variables(pulumi_mocks, settings, interfaces, device_rdma):
+    _, inventory = _declare(pulumi_mocks, **settings)
+    for host in inventory["gpu_nodes"]["hosts"]:
+        variables = inventory["_meta"]["hostvars"][host]
+        assert (variables["efa_interfaces"], variables["efa_device_rdma"]) == (interfaces, device_rdma)
+
+
+def test_efa_on_a_type_without_it_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**AWS_VALUES, "gpuInstanceType": "g6e.xlarge", "efa": True})
+    message = str(caught.value)
+    assert message.startswith("sd3-cluster-aws:efa is true but sd3-cluster-aws:gpuInstanceType g6e.xlarge has no EFA")
+    assert "`pulumi config set efa false`" in message and "p5.48xlarge" in message
+
+
+@pytest.mark.parametrize(("seed", "word"), [(None, "missing"), ("s3cr3t-value", "too short")])
+def test_host_key_seed_is_required(seed, word):
+    values = {key: value for key, value in AWS_VALUES.items() if key != "hostKeySeed"}
+    if seed:
+        values["hostKeySeed"] = seed
+    with pytest.raises(ConfigError) as caught:
+        parse_config(values)
+    assert f"sd3-cluster-aws:hostKeySeed is {word}" in str(caught.value)
+    assert "pulumi config set --secret hostKeySeed" in str(caught.value)
+    assert seed is None or seed not in str(caught.value)  # a secret is never echoed

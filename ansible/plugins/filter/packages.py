@@ -1,36 +1,17 @@
-"""Jinja filter: which of a list of apt package names dpkg does not show as installed.
+"""Jinja filter packages_not_installed: the apt_packages action's rule (ansible/plugins/module_utils/apt_rules.py,
+loaded by path so both read one copy), for task files not yet moved to that action."""
 
-Roles probe with `dpkg-query --show --showformat='${Package} ${db:Status-Abbrev}\\n' NAMES...` (a command
-with changed_when: false, run just before the apt task) and run the apt task only when this filter returns
-something: the apt module loads the whole package cache even when nothing is missing, one or two seconds
-per host on a small controller. A probe is read in the same role, just before the install, never from the
-fact cache, so a package removed since an earlier run is installed again.
-"""
+import importlib.util
+import sys
+from pathlib import Path
 
-import re
-
-# A plain Debian package name. Anything else (name=version, wildcards, :arch, a .deb path) is left to apt,
-# which alone knows how to match it.
-PLAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
-
-
-def installed_packages(dpkg_query_stdout):
-    """Names that the probe's lines ("NAME WANTED STATUS ERROR") show as installed, without an error flag."""
-    installed = set()
-    for line in str(dpkg_query_stdout or "").splitlines():
-        name, _, abbrev = line.partition(" ")
-        # ${db:Status-Abbrev}: wanted (u i r p h), status (n i c U F h W t), error flag (space: none).
-        if len(abbrev) >= 2 and abbrev[1] == "i" and abbrev[2:3] in ("", " "):
-            installed.add(name)
-    return installed
-
-
-def packages_not_installed(names, dpkg_query_stdout):
-    """The names (in order) that apt must still look at: not plain names, or not installed per the probe."""
-    installed = installed_packages(dpkg_query_stdout)
-    return [name for name in names if not PLAIN_NAME.match(str(name)) or str(name) not in installed]
+_MODULE = Path(__file__).resolve().parents[1] / "module_utils" / "apt_rules.py"
+_spec = importlib.util.spec_from_file_location("sd3cluster_apt_rules", _MODULE)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_spec.name])
 
 
 class FilterModule:
     def filters(self):
-        return {"packages_not_installed": packages_not_installed}
+        return {"packages_not_installed": sys.modules[_spec.name].packages_not_installed}

@@ -367,13 +367,19 @@ def _by_hosts(per_host, all_hosts):
     return out
 
 
+# Backends whose volume lives outside the storage_nodes (the head's NFS export, an AWS file system), and the
+# keys of cluster_shared_filesystem that the cloud ones need (what pulumi/aws exports for each).
+BRICKLESS_BACKENDS = ("nfs", "fsx_lustre", "efs")
+CLOUD_FILESYSTEM_KEYS = {"fsx_lustre": ("dns_name", "mount_name"), "efs": ("dns_name",)}
+
+
 def group_layout_problems(groups, backend, rules):
     problems = []
     for group in rules["required_groups"]:
         if group not in groups:
             problems.append(f"group '{group}' is missing: declare it in the inventory (hosts.yml), "
                             "see inventories/prod/hosts.yml")
-        elif not groups[group] and not (group == "storage_nodes" and backend == "nfs"):
+        elif not groups[group] and not (group == "storage_nodes" and backend in BRICKLESS_BACKENDS):
             problems.append(f"group '{group}' has no hosts: put at least one node in it")
     heads = groups.get("head") or []
     if len(heads) > 1:
@@ -430,6 +436,30 @@ def storage_layout_problems(groups, variables):
     return []
 
 
+def shared_filesystem_problems(groups, variables):
+    """A cloud backend (fsx_lustre, efs) needs the file system's names, and no GlusterFS bricks beside it."""
+    backend = variables.get("cluster_storage_backend")
+    if backend not in CLOUD_FILESYSTEM_KEYS:
+        return []
+    problems = []
+    filesystem = variables.get("cluster_shared_filesystem")
+    if not isinstance(filesystem, Mapping):
+        filesystem = {}
+    missing = [key for key in CLOUD_FILESYSTEM_KEYS[backend] if not str(filesystem.get(key) or "").strip()]
+    if missing:
+        what = "FSx for Lustre" if backend == "fsx_lustre" else "EFS"
+        problems.append(f"cluster_storage_backend is {backend} but cluster_shared_filesystem has no "
+                        f"{' and no '.join(missing)}: give the {what} file system's "
+                        f"{', '.join(CLOUD_FILESYSTEM_KEYS[backend])} (pulumi/aws sets them; by hand: "
+                        "`aws fsx describe-file-systems` or `aws efs describe-file-systems`)")
+    bricks = groups.get("storage_nodes") or []
+    if bricks:
+        problems.append(f"cluster_storage_backend is {backend} but storage_nodes has {', '.join(sorted(bricks))}: "
+                        "GlusterFS bricks and an AWS file system are two shared volumes at one path; empty "
+                        "storage_nodes, or choose cluster_storage_backend glusterfs")
+    return problems
+
+
 def inventory_problems(groups, hostvars, rules):
     """Every problem of the inventory as a whole: the groups, every host's address and name, every cluster_*
     setting, the storage layout, and every variable that looks like ours but that no spec declares.
@@ -463,6 +493,7 @@ def inventory_problems(groups, hostvars, rules):
     problems += _by_hosts(per_host_spec, hosts)
     problems += address_problems(groups, hostvars, first.get("cluster_network_cidr"))
     problems += storage_layout_problems(groups, first)
+    problems += shared_filesystem_problems(groups, first)
     return problems
 
 

@@ -6,6 +6,7 @@ import pulumi
 import pulumi_aws as aws
 
 from .config import AwsClusterConfig
+from .host_keys import host_key
 from .tags import cluster_tags
 from .userdata import cloud_init
 
@@ -27,6 +28,11 @@ def ubuntu_ami(config: AwsClusterConfig, parent: pulumi.Resource) -> pulumi.Inpu
         ],
         opts=pulumi.InvokeOutputOptions(parent=parent),
     ).id
+
+
+def _user_data(config: AwsClusterConfig, hostname: str) -> pulumi.Output[str]:
+    # A secret: it holds the node's private host key (see host_keys.py).
+    return pulumi.Output.secret(cloud_init(hostname, host_key(config.host_key_seed, hostname), config.ssh_user))
 
 
 def _metadata_options() -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
@@ -92,7 +98,7 @@ class HeadNode(pulumi.ComponentResource):
             subnet_id=subnet_id,
             vpc_security_group_ids=security_group_ids,
             key_name=key_name,
-            user_data=cloud_init(hostname, config.ssh_user),
+            user_data=_user_data(config, hostname),
             root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
                 volume_size=config.head_root_volume_gb, volume_type="gp3", encrypted=True, delete_on_termination=True),
             metadata_options=aws.ec2.InstanceMetadataOptionsArgs(http_endpoint="enabled", http_tokens="required"),
@@ -152,7 +158,7 @@ class GpuNodes(pulumi.ComponentResource):
                 hostname,
                 # $Latest: a changed template applies to nodes added later and never replaces running ones.
                 launch_template=aws.ec2.InstanceLaunchTemplateArgs(id=self.launch_template.id, version="$Latest"),
-                user_data=cloud_init(hostname, config.ssh_user),
+                user_data=_user_data(config, hostname),
                 tags=cluster_tags(config.cluster_name, "gpu-node", hostname, config.tags),
                 opts=child)
             for hostname in hostnames

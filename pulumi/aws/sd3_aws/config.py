@@ -29,6 +29,7 @@ _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _LINUX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _PRICE = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 MAX_SPOT_PRICE_USD = 1000
+MIN_HOST_KEY_SEED = 32
 
 NAMESPACE = Namespace("sd3-cluster-aws")
 _ADMIN_CIDRS_FORM = ("set it as a list: `pulumi config set --path 'adminCidrs[0]' 203.0.113.7/32` (and "
@@ -54,6 +55,7 @@ class AwsClusterConfig:
     capacity_reservation_id: str | None = None
     spot_max_price: str | None = None
     efa: bool = True
+    host_key_seed: str = ""
     gpu_root_volume_gb: int = 500
     head_instance_type: str = "m7i.2xlarge"
     head_root_volume_gb: int = 200
@@ -63,6 +65,11 @@ class AwsClusterConfig:
     fsx_storage_capacity_gb: int = 1200
     fsx_throughput_mb_per_tib: int = 250
     tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def efa_device_rdma(self) -> bool:
+        """libfabric may use the EFA devices' RDMA to and from GPU memory (FI_EFA_USE_DEVICE_RDMA)."""
+        return self.efa_interfaces > 0 and self.gpu_instance_type.efa_device_rdma
 
     @property
     def efa_interfaces(self) -> int:
@@ -176,6 +183,15 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
             f"{_key('sshPublicKey')} is '{shown}', not an OpenSSH public key (a line such as ssh-ed25519 AAAA... "
             f"from a .pub file, never the private key): {key_hint}")
 
+    instance_type = GPU_INSTANCE_TYPES[type_name]
+    # Unset: EFA wherever the type has it. Asked for on a type without it: said, not silently dropped.
+    efa = _bool(values, "efa", instance_type.efa_interfaces > 0)
+    if efa and instance_type.efa_interfaces == 0:
+        with_efa = sorted(name for name, t in GPU_INSTANCE_TYPES.items() if t.efa_interfaces)
+        raise ConfigError(
+            f"{_key('efa')} is true but {_key('gpuInstanceType')} {type_name} has no EFA interface: set "
+            f"`pulumi config set efa false`, or choose a type with EFA ({', '.join(with_efa)})")
+
     shared = str(_string(values, "sharedFileSystem", "fsx-lustre"))
     if shared not in SHARED_FILESYSTEMS:
         raise ConfigError(f"{_key('sharedFileSystem')} is '{shared}': choose one of {', '.join(SHARED_FILESYSTEMS)}")
@@ -217,18 +233,28 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
         raise ConfigError(f"{_key('sshUser')} is '{ssh_user}': give the image's login user, a Linux user name such "
                           "as ubuntu (lower-case letters, digits, _ and -)")
 
+    admin_cidrs = _admin_cidrs(values)
+    seed = str(_string(values, "hostKeySeed", "") or "")
+    if len(seed) < MIN_HOST_KEY_SEED:
+        raise ConfigError(
+            f"{_key('hostKeySeed')} is {'missing' if not seed else 'too short'}: every node's SSH host key is made "
+            f"from it, so the inventory can carry known_hosts and SSH stays strict; set it once, as a secret, "
+            f"with at least {MIN_HOST_KEY_SEED} characters: "
+            "`pulumi config set --secret hostKeySeed \"$(openssl rand -hex 32)\"`")
+
     return AwsClusterConfig(
         cluster_name=cluster_name,
         availability_zone=str(zone),
-        admin_cidrs=_admin_cidrs(values),
+        admin_cidrs=admin_cidrs,
         ssh_public_key=ssh_public_key,
-        gpu_instance_type=GPU_INSTANCE_TYPES[type_name],
+        gpu_instance_type=instance_type,
         gpu_node_count=count,
         vpc_cidr=_network(values),
         purchase_option=purchase,
         capacity_reservation_id=str(reservation) if reservation else None,
         spot_max_price=str(spot_max_price) if spot_max_price is not None else None,
-        efa=_bool(values, "efa", True),
+        efa=efa,
+        host_key_seed=seed,
         gpu_root_volume_gb=gpu_root,
         head_instance_type=head_type,
         head_root_volume_gb=head_root,
@@ -245,6 +271,7 @@ CONFIG_KEYS = (
     "clusterName", "availabilityZone", "adminCidrs", "sshPublicKey", "gpuInstanceType", "gpuNodeCount", "vpcCidr",
     "purchaseOption", "capacityReservationId", "spotMaxPrice", "efa", "gpuRootVolumeGb", "headInstanceType",
     "headRootVolumeGb", "amiId", "sshUser", "sharedFileSystem", "fsxStorageCapacityGb", "fsxThroughputMbPerTib", "tags",
+    "hostKeySeed",
 )
 
 

@@ -13,7 +13,8 @@ from .tags import cluster_tags
 
 class SharedFileSystem(pulumi.ComponentResource):
     """FSx for Lustre (PERSISTENT_2, for training throughput) or EFS (elastic, NFSv4.1), reachable from the
-    cluster security group only. `mount` is what the Ansible storage layer needs to mount it."""
+    cluster security group only. `mount` is what the cloud_fs_client role needs to mount it: {dns_name,
+    mount_name (Lustre)}."""
 
     mount: pulumi.Output[dict[str, Any]]
 
@@ -36,15 +37,13 @@ class SharedFileSystem(pulumi.ComponentResource):
                 security_group_ids=[security_group_id],
                 tags=tags,
                 opts=child)
-            self.mount = pulumi.Output.all(lustre.dns_name, lustre.mount_name, lustre.id).apply(
-                lambda parts: {"type": "lustre", "dns_name": parts[0], "mount_name": parts[1], "id": parts[2],
-                               "source": f"{parts[0]}@tcp:/{parts[1]}"})
+            self.mount = pulumi.Output.all(lustre.dns_name, lustre.mount_name).apply(
+                lambda parts: {"dns_name": parts[0], "mount_name": parts[1]})
         else:
             efs = aws.efs.FileSystem(f"{name}-efs", encrypted=True, performance_mode="generalPurpose",
                                      throughput_mode="elastic", tags=tags, opts=child)
             target = aws.efs.MountTarget(f"{name}-efs-target", file_system_id=efs.id, subnet_id=subnet_id,
                                          security_groups=[security_group_id], opts=child)
-            self.mount = pulumi.Output.all(efs.dns_name, efs.id, target.ip_address).apply(
-                lambda parts: {"type": "efs", "dns_name": parts[0], "id": parts[1], "mount_target_ip": parts[2],
-                               "source": f"{parts[0]}:/"})
+            # The name resolves (VPC DNS) once the mount target exists: wait for it.
+            self.mount = pulumi.Output.all(efs.dns_name, target.id).apply(lambda parts: {"dns_name": parts[0]})
         self.register_outputs({"mount": self.mount})

@@ -20,6 +20,9 @@ GPU_OPERATOR = Chart("gpu-operator", "gpu-operator", "https://helm.ngc.nvidia.co
 VOLCANO = Chart("volcano", "volcano", "https://volcano-sh.github.io/helm-charts", "volcano-system")
 KUBE_PROMETHEUS_STACK = Chart("kube-prometheus-stack", "kube-prometheus-stack",
                               "https://prometheus-community.github.io/helm-charts", "monitoring")
+# AWS's EFA device plugin: advertises vpc.amazonaws.com/efa on nodes with EFA interfaces (eks-charts).
+EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "https://aws.github.io/eks-charts",
+                          "kube-system")
 DCGM_EXPORTER = Chart("dcgm-exporter", "dcgm-exporter", "https://nvidia.github.io/dcgm-exporter/helm-charts",
                       "monitoring")
 
@@ -69,3 +72,11 @@ def keda_values(config: K8sStackConfig) -> dict[str, Any]:
     """KEDA's own metrics (scaler errors, the values it read) go to the monitoring layer's Prometheus, if any."""
     scraped = {"enabled": config.monitoring, "serviceMonitor": {"enabled": config.monitoring}}
     return {"prometheus": {"operator": dict(scraped), "metricServer": dict(scraped)}}
+
+
+def efa_device_plugin_values(config: K8sStackConfig) -> dict[str, Any]:
+    # On the training nodes only (nodeSelector), and past the GPU taint they carry.
+    values: dict[str, Any] = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    if config.node_selector:
+        values["nodeSelector"] = dict(config.node_selector)
+    return values

@@ -62,12 +62,37 @@ class SharedVolume(pulumi.ComponentResource):
         self.register_outputs({"claim_name": self.claim_name})
 
 
+class RdmaDevicePlugin(pulumi.ComponentResource):
+    """What advertises rdmaResource to the scheduler: AWS's EFA device plugin (vpc.amazonaws.com/efa) or the
+    RDMA shared device plugin (rdma/<name>); without it the gang would wait Pending for a resource no node has."""
+
+    def __init__(self, name: str, config: K8sStackConfig, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("sd3cluster:k8s:RdmaDevicePlugin", name, None, opts)
+        self.ready: list[pulumi.Resource] = []
+        if manifests.uses_efa_plugin(config):
+            self.ready.append(_release(f"{name}-efa", charts.EFA_DEVICE_PLUGIN, config.charts.efa_device_plugin,
+                                       charts.efa_device_plugin_values(config), self))
+        else:
+            plugin_config = manifests.rdma_plugin_config_map(config)
+            config_map = k8s.core.v1.ConfigMap(f"{name}-config", metadata=plugin_config["metadata"],
+                                               data=plugin_config["data"], opts=pulumi.ResourceOptions(parent=self))
+            daemon_set = manifests.rdma_plugin_daemon_set(config)
+            self.ready.append(k8s.apps.v1.DaemonSet(
+                f"{name}-daemonset", metadata=daemon_set["metadata"], spec=daemon_set["spec"],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[config_map])))
+        self.register_outputs({"resource": config.rdma_resource})
+
+
 class TrainingJob(pulumi.ComponentResource):
-    """The multi-node SD3 training run: the headless rendezvous Service and the Volcano Job."""
+    """The multi-node SD3 training run: its config, the headless rendezvous Service and the Volcano Job."""
 
     def __init__(self, name: str, config: K8sStackConfig, namespace: k8s.core.v1.Namespace,
                  depends_on: list[pulumi.Resource], opts: pulumi.ResourceOptions | None = None):
         super().__init__("sd3cluster:k8s:TrainingJob", name, None, opts)
+        train_config = manifests.train_config_map(config)
+        self.config_map = k8s.core.v1.ConfigMap(
+            f"{name}-config", metadata=train_config["metadata"], data=train_config["data"],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace]))
         service = manifests.rendezvous_service(config)
         self.service = k8s.core.v1.Service(
             f"{name}-rdzv", metadata=service["metadata"], spec=service["spec"],
@@ -76,7 +101,8 @@ class TrainingJob(pulumi.ComponentResource):
         self.job = k8s.apiextensions.CustomResource(
             f"{name}-job", api_version=job["apiVersion"], kind=job["kind"], metadata=job["metadata"],
             spec=job["spec"],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace, self.service, *depends_on]))
+            opts=pulumi.ResourceOptions(parent=self,
+                                        depends_on=[namespace, self.service, self.config_map, *depends_on]))
         self.register_outputs({"job_name": config.job_name,
                                "rendezvous_endpoint": manifests.rendezvous_endpoint(config)})
 

@@ -23,6 +23,16 @@ MAX_NODES = 64
 MAX_GPUS_PER_NODE = 16
 _CHART_VERSION = re.compile(r"^v?[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$")
 _QUEUE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# The RDMA shared device plugin advertises rdma/<resourceName> (github.com/Mellanox/k8s-rdma-shared-dev-plugin).
+RDMA_SHARED_PREFIX = "rdma/"
+RDMA_SHARED_DEVICE_PLUGIN_IMAGE = "ghcr.io/mellanox/k8s-rdma-shared-dev-plugin:v1.5.2"
+_INTERFACE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+_IMAGE = re.compile(r"^[^\s]+$")
+# The sections of `sd3cluster train --config` (workloads/src/sd3cluster/config.py, class Config).
+TRAIN_SECTIONS = ("model", "data", "flow", "optim", "train", "lora", "checkpoint", "output", "verify")
+# Where the stack puts a run on the shared claim; the job writes its checkpoints and TensorBoard logs there.
+STACK_OWNED_TRAIN_KEYS = (("checkpoint", "dir"), ("output", "dir"))
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class ChartVersions:
     dcgm_exporter: str = "4.4.1"
     kube_prometheus_stack: str = "77.0.0"
     keda: str = "2.17.2"
+    efa_device_plugin: str = "0.5.6"
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,7 @@ class K8sStackConfig:
     job_name: str = "sd3-train"
     nodes: int = 2
     gpus_per_node: int = 8
-    train_config: str = "/shared/configs/train.yaml"
+    train: Mapping[str, Any] = field(default_factory=dict)
     shared_storage_gi: int = 1000
     shared_mount_path: str = "/shared"
     shm_gi: int = 64
@@ -50,6 +61,8 @@ class K8sStackConfig:
     memory_gi_per_node: int | None = None
     rdma_resource: str | None = None
     rdma_per_node: int = 0
+    rdma_interfaces: tuple[str, ...] = ()
+    rdma_device_plugin_image: str = RDMA_SHARED_DEVICE_PLUGIN_IMAGE
     rendezvous_port: int = 29400
     max_retry: int = 3
     queue: str = "default"
@@ -64,6 +77,56 @@ class K8sStackConfig:
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def _train_settings(raw: Any) -> dict[str, Any]:
+    """The `sd3cluster train` config the job runs (a map of its sections), checked for form here; the values
+    themselves are checked by sd3cluster when the job starts."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{_key('train')} is '{raw}', not a map of the train config's sections: "
+                          "`pulumi config set --path train.train.steps 1000` (see Pulumi.example.yaml)")
+    unknown = sorted(set(raw) - set(TRAIN_SECTIONS))
+    if unknown:
+        raise ConfigError(f"{_key('train')} has {', '.join(map(str, unknown))}, not a section of the train config: "
+                          f"use {', '.join(TRAIN_SECTIONS)} (workloads/README.md lists their keys)")
+    for section, settings in raw.items():
+        if not isinstance(settings, Mapping):
+            raise ConfigError(f"{_key('train')}.{section} is '{settings}', not a map: "
+                              f"`pulumi config set --path train.{section}.KEY VALUE`")
+    for section, name in STACK_OWNED_TRAIN_KEYS:
+        if name in raw.get(section, {}):
+            raise ConfigError(f"{_key('train')}.{section}.{name} is set, but the stack puts it on the shared claim "
+                              "(/shared/checkpoints/<jobName>, /shared/runs/<jobName>) so a restarted job resumes "
+                              "from its checkpoints: remove it")
+    return {str(section): dict(settings) for section, settings in raw.items()}
+
+
+def _rdma_plugin(values: Mapping[str, Any], rdma_resource: Any) -> tuple[tuple[str, ...], str]:
+    """What advertises the RDMA resource: AWS's EFA device plugin, or the RDMA shared device plugin over the
+    interfaces named in rdmaInterfaces."""
+    interfaces = values.get("rdmaInterfaces", [])
+    image = _string(values, "rdmaDevicePluginImage", RDMA_SHARED_DEVICE_PLUGIN_IMAGE, pattern=_IMAGE,
+                    form="give an image reference, e.g. " + RDMA_SHARED_DEVICE_PLUGIN_IMAGE)
+    if not rdma_resource:
+        if interfaces:
+            raise ConfigError(f"{_key('rdmaInterfaces')} is set but {_key('rdmaResource')} is not: name the resource")
+        return (), image
+    resource = str(rdma_resource)
+    if resource == EFA_RESOURCE:
+        if interfaces:
+            raise ConfigError(f"{_key('rdmaInterfaces')} is set but AWS's EFA device plugin finds the EFA devices "
+                              "itself: remove it")
+        return (), image
+    if not resource.startswith(RDMA_SHARED_PREFIX):
+        raise ConfigError(f"{_key('rdmaResource')} is '{resource}': the stack declares the device plugin that "
+                          f"advertises {EFA_RESOURCE} (AWS's EFA plugin) or {RDMA_SHARED_PREFIX}<name> (the RDMA "
+                          "shared device plugin); use one of those, e.g. rdma/rdma_shared_device_a")
+    if not isinstance(interfaces, list) or not interfaces or not all(
+            isinstance(name, str) and _INTERFACE.match(name) for name in interfaces):
+        raise ConfigError(f"{_key('rdmaInterfaces')} is '{interfaces}': the RDMA shared device plugin shares the "
+                          "RDMA devices of these network interfaces; give them as a list, e.g. "
+                          "`pulumi config set --path 'rdmaInterfaces[0]' ens8f0np0`")
+    return tuple(interfaces), image
 
 
 def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
@@ -98,10 +161,8 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
     if not rdma_resource and rdma_per_node:
         raise ConfigError(f"{_key('rdmaPerNode')} is set but {_key('rdmaResource')} is not: name the resource too")
 
-    train_config = str(values.get("trainConfig", "/shared/configs/train.yaml"))
-    if not train_config.startswith("/"):
-        raise ConfigError(f"{_key('trainConfig')} is '{train_config}': give an absolute path inside the pod, "
-                          "e.g. /shared/configs/train.yaml on the shared volume")
+    train = _train_settings(values.get("train", {}))
+    rdma_interfaces, plugin_image = _rdma_plugin(values, rdma_resource)
 
     shared_gi = _int(values, "sharedStorageGi", 1000)
     shm_gi = _int(values, "shmGi", 64)
@@ -133,6 +194,8 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
         kube_prometheus_stack=_string(values, "kubePrometheusStackVersion", defaults.kube_prometheus_stack,
                                       pattern=_CHART_VERSION, form=chart_form),
         keda=_string(values, "kedaVersion", defaults.keda, pattern=_CHART_VERSION, form=chart_form),
+        efa_device_plugin=_string(values, "efaDevicePluginVersion", defaults.efa_device_plugin,
+                                  pattern=_CHART_VERSION, form=chart_form),
     )
     cpu = _string(values, "cpuPerNode", None, pattern=CPU_QUANTITY, form=CPU_FORM)
     job_name = _label(values, "jobName", "sd3-train")
@@ -148,13 +211,15 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
         job_name=job_name,
         nodes=nodes,
         gpus_per_node=gpus,
-        train_config=train_config,
+        train=train,
         shared_storage_gi=shared_gi,
         shm_gi=shm_gi,
         cpu_per_node=cpu,
         memory_gi_per_node=memory_gi,
         rdma_resource=str(rdma_resource) if rdma_resource else None,
         rdma_per_node=rdma_per_node,
+        rdma_interfaces=rdma_interfaces,
+        rdma_device_plugin_image=plugin_image,
         rendezvous_port=port,
         max_retry=max_retry,
         queue=queue,
@@ -169,16 +234,20 @@ def parse_config(values: Mapping[str, Any]) -> K8sStackConfig:
 
 
 CONFIG_KEYS = (
-    "image", "storageClassName", "namespace", "jobName", "nodes", "gpusPerNode", "trainConfig", "sharedStorageGi",
+    "image", "storageClassName", "namespace", "jobName", "nodes", "gpusPerNode", "train", "sharedStorageGi",
     "shmGi", "cpuPerNode", "memoryGiPerNode", "rdmaResource", "rdmaPerNode", "rendezvousPort", "maxRetry", "queue",
     "nodeSelector", "gpuOperator", "gpuOperatorDriver", "gpuOperatorToolkit", "monitoring", "gpuOperatorVersion",
     "volcanoVersion", "dcgmExporterVersion", "kubePrometheusStackVersion", "kedaVersion", "serving",
+    "rdmaInterfaces", "rdmaDevicePluginImage", "efaDevicePluginVersion",
 )
 # Settings that are maps (`pulumi config set --path`, or YAML in Pulumi.<stack>.yaml), with the right form of each.
 STRUCTURED_KEYS = {
     "nodeSelector": "map of node labels: `pulumi config set --path "
                     "'nodeSelector[\"node.kubernetes.io/instance-type\"]' p5.48xlarge`, or a YAML map under the key "
                     "in Pulumi.<stack>.yaml",
+    "train": "map of the train config's sections: `pulumi config set --path train.train.steps 1000`, or a YAML map "
+             "under the key in Pulumi.<stack>.yaml",
+    "rdmaInterfaces": "list of interface names: `pulumi config set --path 'rdmaInterfaces[0]' ens8f0np0`",
     "serving": "map: `pulumi config set --path serving.pretrained /weights/models/sd3-medium`, or a YAML map under "
                "the key in Pulumi.<stack>.yaml (see Pulumi.example.yaml)",
 }

@@ -8,7 +8,16 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import manifests
-from .components import Autoscaler, BatchScheduler, GpuOperator, Monitoring, Serving, SharedVolume, TrainingJob
+from .components import (
+    Autoscaler,
+    BatchScheduler,
+    GpuOperator,
+    Monitoring,
+    RdmaDevicePlugin,
+    Serving,
+    SharedVolume,
+    TrainingJob,
+)
 from .config import K8sStackConfig
 
 
@@ -19,14 +28,19 @@ def build(config: K8sStackConfig) -> dict[str, Any]:
     gpu_stack: list[pulumi.Resource] = []
     if config.gpu_operator:
         gpu_stack.append(GpuOperator("gpu-operator", config).release)
+    # The gang asks for the RDMA resource: what advertises it comes first.
+    rdma = RdmaDevicePlugin("rdma-device-plugin", config).ready if config.rdma_resource else []
     scheduler = BatchScheduler("volcano", config)
     volume = SharedVolume("shared", config, namespace)
-    job = TrainingJob("training", config, namespace, depends_on=[scheduler.release, volume.claim, *gpu_stack])
+    job = TrainingJob("training", config, namespace, depends_on=[scheduler.release, volume.claim, *gpu_stack, *rdma])
     outputs: dict[str, Any] = {
         "namespace": config.namespace,
         "shared_claim": volume.claim_name,
         "training_job": job.job.id,
         "rendezvous_endpoint": manifests.rendezvous_endpoint(config),
+        "train_config": manifests.train_config_map_name(config),
+        "checkpoints": manifests.run_paths(config)["checkpoint"],
+        "runs": manifests.run_paths(config)["output"],
         "gpus": config.total_gpus,
     }
     monitoring = None

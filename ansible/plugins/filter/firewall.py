@@ -320,7 +320,8 @@ def render(plan):
             lines.append("\t}")
     lines += ["\tchain input {", "\t\ttype filter hook input priority filter; policy drop;",
               "\t\tct state established,related accept", "\t\tct state invalid drop", '\t\tiif "lo" accept',
-              "\t\tmeta l4proto { icmp, ipv6-icmp } accept"]
+              # ICMP and ICMPv6 by number: a minimal system has no /etc/protocols to resolve their names.
+              "\t\tmeta l4proto { 1, 58 } accept"]
 
     def rule(name, protocol, ports, sources):
         comment = re.sub(r'["\\]', "'", name)[:120]
@@ -385,6 +386,6 @@ def _filter(function):
 
 class FilterModule:
     def filters(self):
-        return {"firewall_services": _filter(resolve_services), "firewall_ruleset": _filter(render),
+        return {"firewall_host_services": _filter(resolve_services), "firewall_ruleset": _filter(render),
                 "firewall_allows": _filter(allows), "firewall_ruleset_digest": ruleset_digest,
                 "firewall_networks_problems": networks_problems}

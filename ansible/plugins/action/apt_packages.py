@@ -1,0 +1,86 @@
+"""Action plugin: make sure apt packages are installed, in one task that asks apt only when one is missing.
+
+The apt module loads the whole package cache (one or two seconds a host on a small control machine) even
+when it finds nothing to do, so this action first asks dpkg (one short command, no module) and hands apt
+only the names dpkg does not show as installed. The probe runs every time, never from a fact cache, so a
+package removed since an earlier run is installed again. Its arguments are documented in
+ansible/plugins/modules/apt_packages.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+
+from ansible.plugins.action import ActionBase
+
+_MODULE = Path(__file__).resolve().parents[1] / "module_utils" / "apt_rules.py"
+_spec = importlib.util.spec_from_file_location("sd3cluster_apt_rules", _MODULE)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_spec.name])
+apt_rules = sys.modules[_spec.name]
+
+ARGUMENT_SPEC = {
+    "name": {"type": "list", "elements": "str", "required": True},
+    "update_cache": {"type": "bool", "default": True},
+    "cache_valid_time": {"type": "int", "default": 3600},
+    "install_recommends": {"type": "bool", "default": False},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = True
+    _supports_check_mode = True
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp
+        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        names = [str(name).strip() for name in args["name"] if str(name).strip()]
+        result.update(changed=False, installed=[], missing=[])
+        if not names:
+            result["msg"] = "no package names given"
+            return result
+
+        plain = [name for name in names if apt_rules.is_plain(name)]
+        stdout = ""
+        if plain:
+            probe = self._low_level_execute_command(shlex.join(apt_rules.DPKG_QUERY + plain), sudoable=False)
+            # 1: some name is unknown to dpkg (so not installed); anything else is a failure to read dpkg.
+            if probe["rc"] not in (0, 1):
+                result.update(failed=True, rc=probe["rc"], stderr=probe.get("stderr", ""),
+                              msg=f"dpkg-query could not read the package database (exit {probe['rc']}): "
+                                  f"{str(probe.get('stderr', '')).strip()}")
+                return result
+            stdout = probe.get("stdout", "")
+        missing = apt_rules.packages_not_installed(names, stdout)
+        result["missing"] = missing
+        if not missing:
+            result["msg"] = "all installed"
+            return result
+
+        if self._task.check_mode:
+            # apt is not asked: a source added earlier in the same check run has no package lists yet, and a
+            # fresh node lacks python3-apt, which the apt module needs for check mode.
+            result.update(changed=True, installed=missing,
+                          msg="check mode: would install " + ", ".join(missing))
+            return result
+
+        apt_args = {"name": missing, "state": "present", "install_recommends": args["install_recommends"]}
+        if args["update_cache"]:
+            apt_args.update(update_cache=True, cache_valid_time=args["cache_valid_time"])
+        apt = self._execute_module(module_name="ansible.legacy.apt", module_args=apt_args, task_vars=task_vars)
+        for key in ("failed", "msg", "stdout", "stderr", "rc", "cache_updated", "cache_update_time"):
+            if key in apt:
+                result[key] = apt[key]
+        result["changed"] = bool(apt.get("changed"))
+        result["installed"] = missing if result["changed"] and not apt.get("failed") else []
+        if apt.get("failed"):
+            result["msg"] = f"apt could not install {', '.join(missing)}: {apt.get('msg', '')}"
+        elif "msg" not in result or not result["msg"]:
+            result["msg"] = "installed " + ", ".join(missing)
+        return result

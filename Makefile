@@ -61,7 +61,7 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 # The scenarios CI runs: those that have passed whole (create to destroy) on this project's machine.
 # `make test-full` runs every scenario and the whole-cluster end-to-end tests as well.
 # inference: 244 s alone on this project's 2-core machine (molecule test, 2026-12-03).
-CI_SCENARIOS ?= preflight base network monitoring storage storage_nfs cloud_fs_client slurm gpu_stack backup inference
+CI_SCENARIOS ?= preflight base network monitoring storage storage_nfs cloud_fs_client slurm gpu_stack backup inference firewall
 
 test: host-prereqs venv lint unit ## Everything CI runs
 	@$(MAKE) --no-print-directory container

@@ -257,6 +257,8 @@ def write_inventory(count: int, key: Path) -> None:
         f"    cluster_network_cidr: {SUBNET}",
         f"    cluster_mtu: {MTU}",
         f"    cluster_storage_replica: {groups['replica']}",
+        "    # This machine reaches the nodes from the network's gateway: the firewall lets it open SSH.",
+        f"    cluster_admin_cidrs: [{next(SUBNET.hosts())}/32]",
         "  hosts:",
     ]
     for i in range(1, count + 1):

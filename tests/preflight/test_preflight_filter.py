@@ -95,10 +95,20 @@ def test_private_and_foreign_variables_are_not_ours(known):
     ({"cluster_mtu": True}, "cluster_mtu is True"),
     ({"cluster_nodes_are_containers": "no"}, "cluster_nodes_are_containers is 'no'"),
     ({"cluster_network_cidr": None}, "cluster_network_cidr is 'undefined'"),
+    ({"cluster_admin_cidrs": ["office"]}, "cluster_admin_cidrs: 'office' is not a network; write one in CIDR form"),
+    ({"cluster_admin_cidrs": ["192.0.2.7"]}, "cluster_admin_cidrs: '192.0.2.7' is an address, not a network; write "
+                                             "192.0.2.7/32"),
+    ({"cluster_admin_cidrs": ["192.0.2.7/24"]}, "cluster_admin_cidrs: '192.0.2.7/24' has host bits set; the network "
+                                                "is 192.0.2.0/24"),
+    ({"cluster_admin_cidrs": "192.0.2.0/24"}, "cluster_admin_cidrs is '192.0.2.0/24': give a list of networks"),
 ])
 def test_bad_cluster_variable_is_named(changes, expected):
     problems = problems_with(**changes)
     assert any(expected in problem for problem in problems), problems
+
+
+def test_admin_networks_in_cidr_form_are_no_problem():
+    assert problems_with(cluster_admin_cidrs=["192.0.2.0/24", "2001:db8::/64", "198.51.100.4/32"]) == []
 
 
 def test_a_problem_of_some_hosts_names_them():

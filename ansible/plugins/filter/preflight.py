@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import glob
+import importlib.util
 import ipaddress
 import posixpath
 import re
@@ -283,7 +284,22 @@ def cluster_variable_problems(variables, rules):
         problems += group_problems(get("cluster_group"), rules["id_range"])
     if get("cluster_users") is not None:
         problems += users_problems(get("cluster_users"), get("cluster_group"), rules["id_range"])
+    problems += admin_cidrs_problems(get("cluster_admin_cidrs"))
     return problems
+
+
+def _firewall_rules():
+    """The firewall role's rules (firewall.py beside this file): one reading of what a network is."""
+    path = Path(__file__).with_name("firewall.py")
+    spec = importlib.util.spec_from_file_location("sd3_firewall_rules", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def admin_cidrs_problems(value):
+    """Problems of cluster_admin_cidrs: a list of networks in CIDR form (the firewall opens SSH to them)."""
+    return _firewall_rules().networks_problems(value, "cluster_admin_cidrs")
 
 
 # ------------------------------------------------------------------------------------------ the inventory

@@ -76,6 +76,9 @@ def test_scale_out_3_to_4_then_verify_on_4_nodes():
     assert host("node4").service("sd3-inference@0").is_running
     assert "10.213.0.104:8100 max_fails" in node("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
     assert "10.213.0.104:8100" in node("node1", "cat /etc/prometheus/targets/sd3-inference.json")
+    # Every node's firewall lets the new node in (its address is in the nodes' set).
+    for name in ("node1", "node2", "node3", "node4"):
+        assert "10.213.0.104" in node(name, "nft list set inet sd3_cluster_firewall nodes_v4"), name
     print(f"scale-out 3 -> 4 took {seconds:.0f} s")
     verify_green(["node1", "node2", "node3", "node4"])
 
@@ -102,6 +105,8 @@ def test_remove_node_4_to_3_keeps_the_data_and_verify_stays_green():
     assert "10.213.0.104" not in node("node1", "cat /etc/prometheus/prometheus.yml")
     assert "10.213.0.104" not in node("node1", "cat /etc/nginx/sd3-inference/upstream.conf")
     assert "10.213.0.104" not in node("node1", "cat /etc/prometheus/targets/sd3-inference.json")
+    for name in ("node1", "node2", "node3"):  # the firewalls that stay no longer let the removed node in
+        assert "10.213.0.104" not in node(name, "nft list set inet sd3_cluster_firewall nodes_v4"), name
     assert not host("node4").service("sd3-inference@0").is_running
     assert not host("node4").service("slurmd").is_running
     assert node("node4", "findmnt -n /shared", check=False) == ""

@@ -48,7 +48,7 @@ def three_converged_nodes():
 
 def test_scale_out_stops_when_nothing_is_new():
     result = playbook("scale_out.yml", check=False)
-    assert result.returncode != 0
+    assert result.rc != 0
     assert "Nothing to scale out" in result.stdout, result.stdout[-3000:]
     result.assert_unchanged("scale_out.yml with nothing new")
 
@@ -86,7 +86,7 @@ def test_scale_out_3_to_4_then_verify_on_4_nodes():
 def test_remove_node_stops_before_any_change_when_bricks_have_nowhere_to_go():
     assert len(hosts()) == 4
     result = playbook("remove_node.yml", "-e", "remove_nodes=node3", check=False)
-    assert result.returncode != 0
+    assert result.rc != 0
     assert "node3 holds brick" in result.stdout and "remove_node_brick_targets" in result.stdout, result.stdout[-3000:]
     assert slurm_states().get("node3") == "idle", "node3 was drained although remove_node.yml stopped"
 
@@ -139,7 +139,7 @@ def test_rolling_upgrade_stops_at_the_first_failure_leaving_it_drained():
     # Debian 12 ships CUDA 11.8: asking the distribution for 12.8 fails on the first node.
     result = playbook("rolling_upgrade.yml", "-e", "cuda_toolkit_version=12.8", check=False)
     try:
-        assert result.returncode != 0
+        assert result.rc != 0
         assert "rolling upgrade stopped at node2" in result.stdout, result.stdout[-3000:]
         events = [(name, event) for name, event, _ in day2_lines(result.stdout)]
         assert events == [("node2", "drained")], events

@@ -50,12 +50,25 @@ def test_recap_and_changed_tasks_come_from_the_runner_stats(local_play, tmp_path
     assert second.changed_tasks == []
 
 
-def test_a_failed_host_is_named_and_stops_a_checked_run(local_play, tmp_path):
-    inventory, play = local_play
-    args = ("-e", f"out={tmp_path}", "-e", '{"fail_on": ["two"]}')
-    failed = playbook(str(play), *args, inventory_path=inventory, check=False, timeout=300)
-    assert failed.rc != 0 and not failed.green
-    assert failed.recap["two"]["failed"] == 1 and failed.recap["one"]["failed"] == 0
-    assert "asked to fail" in failed.stdout
-    with pytest.raises(AssertionError, match=r"failed hosts \{'two'"):
-        playbook(str(play), *args, inventory_path=inventory, timeout=300)
+def test_runs_keep_strict_host_keys_and_the_project_fact_cache(tmp_path):
+    """ansible-runner would turn host key checking off and move the fact cache into its artifacts: the settings
+    Ansible sees inside a run are the project's."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(f"all:\n  hosts:\n    one: {{ansible_connection: local, ansible_python_interpreter: "
+                         f"{sys.executable}}}\n")
+    play = tmp_path / "settings.yml"
+    play.write_text("""
+- name: Print the settings Ansible runs with
+  hosts: one
+  gather_facts: false
+  tasks:
+    - name: Print them
+      ansible.builtin.debug:
+        msg: "host_key_checking={{ lookup('ansible.builtin.config', 'HOST_KEY_CHECKING') }}
+          cache={{ lookup('ansible.builtin.config', 'CACHE_PLUGIN') }}:{{ lookup('ansible.builtin.config',
+          'CACHE_PLUGIN_CONNECTION') }}"
+""")
+    run = playbook(str(play), inventory_path=inventory, timeout=300)
+    assert "host_key_checking=True" in run.stdout, run.stdout
+    # ansible.cfg's relative path, read in the repository (the run's working folder), not the runner's artifacts.
+    assert "cache=jsonfile:.cache/ansible-facts\"" in run.stdout, run.stdout

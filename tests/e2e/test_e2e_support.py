@@ -72,3 +72,14 @@ def test_runs_keep_strict_host_keys_and_the_project_fact_cache(tmp_path):
     assert "host_key_checking=True" in run.stdout, run.stdout
     # ansible.cfg's relative path, read in the repository (the run's working folder), not the runner's artifacts.
     assert "cache=jsonfile:.cache/ansible-facts\"" in run.stdout, run.stdout
+
+
+def test_a_failed_host_is_named_and_stops_a_checked_run(local_play, tmp_path):
+    inventory, play = local_play
+    args = ("-e", f"out={tmp_path}", "-e", '{"fail_on": ["two"]}')
+    failed = playbook(str(play), *args, inventory_path=inventory, check=False, timeout=300)
+    assert failed.rc != 0 and not failed.green
+    assert failed.recap["two"]["failed"] == 1 and failed.recap["one"]["failed"] == 0
+    assert "asked to fail" in failed.stdout
+    with pytest.raises(AssertionError, match=r"failed hosts \{'two'"):
+        playbook(str(play), *args, inventory_path=inventory, timeout=300)

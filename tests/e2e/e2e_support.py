@@ -107,6 +107,12 @@ class PlaybookRun:
             f"{what} changed something: {changed}; the tasks:\n" + "\n".join(self.changed_tasks)
 
 
+# ansible.cfg's fact cache, by its absolute path: ansible-runner starts ansible-playbook in its own private folder,
+# where the relative path of ansible.cfg would make a new, empty cache every run. A later run with --tags (the
+# inference test's) reads the facts of the plays it skips from there, as a user's runs do.
+FACT_CACHE = {"ANSIBLE_CACHE_PLUGIN": "jsonfile",
+              "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(REPO / ".cache" / "ansible-facts")}
+
 # ansible-runner's stats keys -> the names of Ansible's PLAY RECAP.
 _RECAP_KEYS = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable",
                "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}
@@ -126,10 +132,10 @@ def playbook(path: str, *args: str, check: bool = True, timeout: int = 3600,
             # ansible-runner turns host key checking off unless the environment says otherwise: the project's
             # promise (strict host keys, ansible.cfg) holds in the tests too.
             envvars={**{k: ENV[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_NOCOLOR", "CONTAINERS_CONF", "PATH")},
-                     "ANSIBLE_HOST_KEY_CHECKING": "True"},
+                     "ANSIBLE_HOST_KEY_CHECKING": "True", **FACT_CACHE},
             # Any type but 'jsonfile' keeps ansible-runner from pointing the fact cache into its throw-away
-            # artifacts: ansible.cfg's cache applies, which a run with --tags reads for the hosts it skips.
-            fact_cache_type="ansible.cfg")
+            # artifacts (FACT_CACHE says where it is instead).
+            fact_cache_type="project")
         stdout = runner.stdout.read()
         stats = runner.stats or {}
         recap = {name: {label: int(stats.get(key, {}).get(name, 0)) for key, label in _RECAP_KEYS.items()}

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_support import playbook
+from e2e_support import REPO, playbook
 
 PLAY = """
 - name: Two hosts of the control machine, one task that changes and one that fails on demand
@@ -70,8 +70,8 @@ def test_runs_keep_strict_host_keys_and_the_project_fact_cache(tmp_path):
 """)
     run = playbook(str(play), inventory_path=inventory, timeout=300)
     assert "host_key_checking=True" in run.stdout, run.stdout
-    # ansible.cfg's relative path, read in the repository (the run's working folder), not the runner's artifacts.
-    assert "cache=jsonfile:.cache/ansible-facts\"" in run.stdout, run.stdout
+    # The repository's cache (ansible.cfg's), by its absolute path, not one in the runner's private folder.
+    assert f"cache=jsonfile:{REPO / '.cache' / 'ansible-facts'}\"" in run.stdout, run.stdout
 
 
 def test_a_failed_host_is_named_and_stops_a_checked_run(local_play, tmp_path):

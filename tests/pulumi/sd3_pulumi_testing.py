@@ -10,7 +10,9 @@ folders' helpers; the projects' packages have distinct names too (sd3_aws, sd3_k
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,14 @@ class Declared:
     custom: bool
 
 
+def _new_host_key() -> dict[str, str]:
+    """What the tls provider answers for an Ed25519 PrivateKey: a real key, made now by ssh-keygen."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True)
+        return {"privateKeyOpenssh": path.read_text(), "publicKeyOpenssh": path.with_suffix(".pub").read_text()}
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     """Records every resource; gives instances, addresses and file systems outputs the provider would."""
 
@@ -51,6 +61,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:ec2/eip:Eip":
             state["publicIp"] = str(self._public)
             self._public += 1
+        elif args.typ == "tls:index/privateKey:PrivateKey":
+            state.update(_new_host_key())
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             state["latestVersion"] = 1
         elif args.typ == "aws:ec2/placementGroup:PlacementGroup":
@@ -97,7 +109,6 @@ AWS_VALUES: dict[str, Any] = {
     "gpuInstanceType": "p5.48xlarge",
     "gpuNodeCount": 3,
     "tags": {"project": "sd3-training"},
-    "hostKeySeed": "0123456789abcdef0123456789abcdef-test-seed",
 }
 
 K8S_VALUES: dict[str, Any] = {

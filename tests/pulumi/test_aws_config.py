@@ -90,7 +90,6 @@ def _stack_config(**overrides: str) -> dict[str, str]:
         "sd3-cluster-aws:adminCidrs": '["203.0.113.0/24"]',
         "sd3-cluster-aws:sshPublicKey": AWS_VALUES["sshPublicKey"],
         "sd3-cluster-aws:gpuNodeCount": "2",
-        "sd3-cluster-aws:hostKeySeed": AWS_VALUES["hostKeySeed"],
     }
     config.update({f"sd3-cluster-aws:{key}": value for key, value in overrides.items()})
     return config

@@ -5,13 +5,12 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 
-import pulumi
 import pytest
 import yaml
 from sd3_aws.compute import CANONICAL_OWNER_ID
 from sd3_aws.config import ConfigError, parse_config
 from sd3_aws.stack import build
-from sd3_pulumi_testing import AWS_VALUES, RecordingMocks, declare, integral
+from sd3_pulumi_testing import AWS_VALUES, declare, integral
 
 INSTANCE = "aws:ec2/instance:Instance"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -89,7 +88,8 @@ def test_node_count(pulumi_mocks, count):
     gpu_instances = [r for r in pulumi_mocks.of_type(INSTANCE) if r.inputs["tags"]["sd3-cluster:role"] == "gpu-node"]
     assert len(gpu_instances) == count
     assert all(r.inputs["launchTemplate"]["version"] == "$Latest" for r in gpu_instances)
-    assert [r.inputs["tags"]["Name"] for r in gpu_instances] == inventory["gpu_nodes"]["hosts"]
+    # Registered as their user data (their host key) resolves, so in no fixed order.
+    assert sorted(r.inputs["tags"]["Name"] for r in gpu_instances) == inventory["gpu_nodes"]["hosts"]
     assert all('hostname: "sd3-gpu-' in _secret(r.inputs["userData"]) for r in gpu_instances)
 
 
@@ -103,8 +103,8 @@ def _secret(value):
 
 
 def test_host_keys_in_user_data_match_the_inventory_known_hosts(pulumi_mocks, tmp_path):
-    """Each node boots with the private host key whose public half the inventory's known_hosts holds, checked
-    with ssh-keygen; the same seed gives the same user data on every `pulumi up`."""
+    """Each node boots with the private host key (a tls.PrivateKey of its own, made at `pulumi up`) whose public
+    half the inventory's known_hosts holds, checked with ssh-keygen; no two nodes share a key."""
     _, inventory = _declare(pulumi_mocks)
     lines = inventory["all"]["vars"]["pulumi_known_hosts"]
     known = {line.split()[0].split(",")[-1]: line.split()[1:3] for line in lines}
@@ -120,11 +120,9 @@ def test_host_keys_in_user_data_match_the_inventory_known_hosts(pulumi_mocks, tm
         derived = subprocess.run(["ssh-keygen", "-y", "-f", str(key_file)], capture_output=True, text=True,
                                  check=True).stdout.split()
         assert derived[:2] == known[host] == user_data["ssh_keys"]["ed25519_public"].split()[:2]
-    again = RecordingMocks()
-    pulumi.runtime.set_mocks(again, project="sd3-test", stack="test", preview=False)
-    declare(lambda: pulumi.Output.all(**build(parse_config(AWS_VALUES))))
-    assert [_secret(i.inputs["userData"]) for i in again.of_type(INSTANCE)] == [
-        _secret(i.inputs["userData"]) for i in instances]
+    assert len({tuple(key) for key in known.values()}) == 4
+    keys = pulumi_mocks.of_type("tls:index/privateKey:PrivateKey")
+    assert len(keys) == 4 and {k.inputs["algorithm"] for k in keys} == {"ED25519"}
 
 
 def test_ssh_options_are_strict_everywhere(pulumi_mocks):
@@ -173,7 +171,9 @@ def test_every_taggable_resource_carries_the_cluster_tags(pulumi_mocks):
         assert tags["project"] == "sd3-training", resource.name
         assert tags["ManagedBy"] == "pulumi"
     untagged = {r.typ for r in pulumi_mocks.resources if r.custom and "tags" not in r.inputs}
-    assert untagged <= {"aws:ec2/routeTableAssociation:RouteTableAssociation", "aws:efs/mountTarget:MountTarget"}
+    # The host keys are no cloud resources: they live in the stack's state only.
+    assert untagged <= {"aws:ec2/routeTableAssociation:RouteTableAssociation", "aws:efs/mountTarget:MountTarget",
+                        "tls:index/privateKey:PrivateKey"}
 
 
 def test_ubuntu_2204_from_canonical(pulumi_mocks):
@@ -288,15 +288,3 @@ def test_efa_on_a_type_without_it_is_refused():
     message = str(caught.value)
     assert message.startswith("sd3-cluster-aws:efa is true but sd3-cluster-aws:gpuInstanceType g6e.xlarge has no EFA")
     assert "`pulumi config set efa false`" in message and "p5.48xlarge" in message
-
-
-@pytest.mark.parametrize(("seed", "word"), [(None, "missing"), ("s3cr3t-value", "too short")])
-def test_host_key_seed_is_required(seed, word):
-    values = {key: value for key, value in AWS_VALUES.items() if key != "hostKeySeed"}
-    if seed:
-        values["hostKeySeed"] = seed
-    with pytest.raises(ConfigError) as caught:
-        parse_config(values)
-    assert f"sd3-cluster-aws:hostKeySeed is {word}" in str(caught.value)
-    assert "pulumi config set --secret hostKeySeed" in str(caught.value)
-    assert seed is None or seed not in str(caught.value)  # a secret is never echoed

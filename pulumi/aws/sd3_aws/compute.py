@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_tls as tls
 
 from .config import AwsClusterConfig
-from .host_keys import host_key
+from .host_keys import host_key_of, node_host_key
 from .tags import cluster_tags
 from .userdata import cloud_init
 
@@ -30,9 +31,9 @@ def ubuntu_ami(config: AwsClusterConfig, parent: pulumi.Resource) -> pulumi.Inpu
     ).id
 
 
-def _user_data(config: AwsClusterConfig, hostname: str) -> pulumi.Output[str]:
+def _user_data(config: AwsClusterConfig, hostname: str, key: tls.PrivateKey) -> pulumi.Output[str]:
     # A secret: it holds the node's private host key (see host_keys.py).
-    return pulumi.Output.secret(cloud_init(hostname, host_key(config.host_key_seed, hostname), config.ssh_user))
+    return pulumi.Output.secret(host_key_of(key, hostname).apply(lambda k: cloud_init(hostname, k, config.ssh_user)))
 
 
 def _metadata_options() -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
@@ -91,6 +92,7 @@ class HeadNode(pulumi.ComponentResource):
         super().__init__("sd3cluster:aws:HeadNode", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.hostname = hostname
+        self.host_key = node_host_key(f"{name}-host-key", self)
         self.instance = aws.ec2.Instance(
             f"{name}-instance",
             ami=ubuntu_ami(config, self),
@@ -98,7 +100,7 @@ class HeadNode(pulumi.ComponentResource):
             subnet_id=subnet_id,
             vpc_security_group_ids=security_group_ids,
             key_name=key_name,
-            user_data=_user_data(config, hostname),
+            user_data=_user_data(config, hostname, self.host_key),
             root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
                 volume_size=config.head_root_volume_gb, volume_type="gp3", encrypted=True, delete_on_termination=True),
             metadata_options=aws.ec2.InstanceMetadataOptionsArgs(http_endpoint="enabled", http_tokens="required"),
@@ -153,15 +155,16 @@ class GpuNodes(pulumi.ComponentResource):
             **market_options(config),
             opts=child)
 
+        self.host_keys = [node_host_key(f"{hostname}-host-key", self) for hostname in hostnames]
         self.instances = [
             aws.ec2.Instance(
                 hostname,
                 # $Latest: a changed template applies to nodes added later and never replaces running ones.
                 launch_template=aws.ec2.InstanceLaunchTemplateArgs(id=self.launch_template.id, version="$Latest"),
-                user_data=_user_data(config, hostname),
+                user_data=_user_data(config, hostname, key),
                 tags=cluster_tags(config.cluster_name, "gpu-node", hostname, config.tags),
                 opts=child)
-            for hostname in hostnames
+            for hostname, key in zip(hostnames, self.host_keys, strict=True)
         ]
         self.hostnames = hostnames
         self.register_outputs({

@@ -29,7 +29,6 @@ _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _LINUX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _PRICE = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 MAX_SPOT_PRICE_USD = 1000
-MIN_HOST_KEY_SEED = 32
 
 NAMESPACE = Namespace("sd3-cluster-aws")
 _ADMIN_CIDRS_FORM = ("set it as a list: `pulumi config set --path 'adminCidrs[0]' 203.0.113.7/32` (and "
@@ -55,7 +54,6 @@ class AwsClusterConfig:
     capacity_reservation_id: str | None = None
     spot_max_price: str | None = None
     efa: bool = True
-    host_key_seed: str = ""
     gpu_root_volume_gb: int = 500
     head_instance_type: str = "m7i.2xlarge"
     head_root_volume_gb: int = 200
@@ -234,13 +232,6 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
                           "as ubuntu (lower-case letters, digits, _ and -)")
 
     admin_cidrs = _admin_cidrs(values)
-    seed = str(_string(values, "hostKeySeed", "") or "")
-    if len(seed) < MIN_HOST_KEY_SEED:
-        raise ConfigError(
-            f"{_key('hostKeySeed')} is {'missing' if not seed else 'too short'}: every node's SSH host key is made "
-            f"from it, so the inventory can carry known_hosts and SSH stays strict; set it once, as a secret, "
-            f"with at least {MIN_HOST_KEY_SEED} characters: "
-            "`pulumi config set --secret hostKeySeed \"$(openssl rand -hex 32)\"`")
 
     return AwsClusterConfig(
         cluster_name=cluster_name,
@@ -254,7 +245,6 @@ def parse_config(values: Mapping[str, Any]) -> AwsClusterConfig:
         capacity_reservation_id=str(reservation) if reservation else None,
         spot_max_price=str(spot_max_price) if spot_max_price is not None else None,
         efa=efa,
-        host_key_seed=seed,
         gpu_root_volume_gb=gpu_root,
         head_instance_type=head_type,
         head_root_volume_gb=head_root,
@@ -271,7 +261,6 @@ CONFIG_KEYS = (
     "clusterName", "availabilityZone", "adminCidrs", "sshPublicKey", "gpuInstanceType", "gpuNodeCount", "vpcCidr",
     "purchaseOption", "capacityReservationId", "spotMaxPrice", "efa", "gpuRootVolumeGb", "headInstanceType",
     "headRootVolumeGb", "amiId", "sshUser", "sharedFileSystem", "fsxStorageCapacityGb", "fsxThroughputMbPerTib", "tags",
-    "hostKeySeed",
 )
 
 

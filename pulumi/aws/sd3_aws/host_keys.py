@@ -1,28 +1,22 @@
-"""SSH host keys made from one secret seed, so the inventory can ship known_hosts (a pure module; no Pulumi).
+"""Each node's SSH host key, made by Pulumi so the inventory can ship known_hosts (strict host keys from the start).
 
-Why: a host key made at first boot is unknown to the machine running Ansible, which then has to trust
-whatever answers first (`StrictHostKeyChecking=accept-new`). Here each node's Ed25519 host key is derived from
-the stack's secret `hostKeySeed` and its host name (HMAC-SHA256, RFC 8032 seed), given to cloud-init in the
-user data, and its public half written into the inventory's known_hosts. The same seed and name always give
-the same key, so `pulumi up` never sees a changed user data, and a replaced node comes back with its old key.
+Why: a host key made at first boot is unknown to the machine running Ansible, which then has to trust whatever
+answers first (`StrictHostKeyChecking=accept-new`). Here every node has a `tls.PrivateKey` (Ed25519) resource: made
+once at the first `pulumi up`, kept in the stack's state as a secret, so later runs give the same user data and a
+replaced instance comes back with its old key. The private key goes to cloud-init in the user data; its public half
+goes into the inventory's known_hosts.
 
-The private key travels in the instance's user data: anyone who may call ec2:DescribeInstanceAttribute on
-the instance, or any process on the node that reads the metadata service, can read it. That is the same
-trust as the node's root disk; restrict that IAM action to the cluster's administrators.
+The private key travels in the instance's user data: anyone who may call ec2:DescribeInstanceAttribute on the
+instance, or any process on the node that reads the metadata service, can read it. That is the same trust as the
+node's root disk; restrict that IAM action to the cluster's administrators.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import struct
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-KEY_TYPE = b"ssh-ed25519"
+import pulumi
+import pulumi_tls as tls
 
 
 @dataclass(frozen=True)
@@ -34,24 +28,15 @@ class HostKey:
         return f"{','.join(names)} {' '.join(self.public_openssh.split()[:2])}"
 
 
-def _string(data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + data
+def node_host_key(resource_name: str, parent: pulumi.Resource) -> tls.PrivateKey:
+    return tls.PrivateKey(resource_name, algorithm="ED25519", opts=pulumi.ResourceOptions(parent=parent))
 
 
-def host_key(seed: str, hostname: str) -> HostKey:
-    secret = hmac.new(seed.encode(), f"sd3-cluster host key {hostname}".encode(), hashlib.sha256).digest()
-    public = Ed25519PrivateKey.from_private_bytes(secret).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    public_blob = _string(KEY_TYPE) + _string(public)
-    # OpenSSH's own format (PROTOCOL.key), unencrypted. The check integer is random in ssh-keygen; here it is
-    # derived too, so the same seed gives the same bytes.
-    check = hmac.new(secret, b"check", hashlib.sha256).digest()[:4]
-    private = (check + check + _string(KEY_TYPE) + _string(public) + _string(secret + public)
-               + _string(hostname.encode()))
-    private += bytes(range(1, 1 + (-len(private) % 8)))
-    body = (b"openssh-key-v1\0" + _string(b"none") + _string(b"none") + _string(b"") + struct.pack(">I", 1)
-            + _string(public_blob) + _string(private))
-    encoded = base64.b64encode(body).decode()
-    lines = [encoded[i:i + 70] for i in range(0, len(encoded), 70)]
-    pem = "\n".join(["-----BEGIN OPENSSH PRIVATE KEY-----", *lines, "-----END OPENSSH PRIVATE KEY-----", ""])
-    return HostKey(private_openssh=pem,
-                   public_openssh=f"ssh-ed25519 {base64.b64encode(public_blob).decode()} {hostname}")
+def public_line(public_openssh: str, hostname: str) -> str:
+    """tls's "ssh-ed25519 AAAA...\\n" with the host name as its comment."""
+    return f"{' '.join(public_openssh.split()[:2])} {hostname}"
+
+
+def host_key_of(key: tls.PrivateKey, hostname: str) -> pulumi.Output[HostKey]:
+    return pulumi.Output.all(key.private_key_openssh, key.public_key_openssh).apply(
+        lambda parts: HostKey(private_openssh=parts[0], public_openssh=public_line(parts[1], hostname)))

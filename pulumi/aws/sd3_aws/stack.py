@@ -9,7 +9,7 @@ import pulumi
 from .access import ClusterAccess
 from .compute import GpuNodes, HeadNode
 from .config import AwsClusterConfig
-from .host_keys import host_key
+from .host_keys import public_line
 from .inventory import HostRecord, build_inventory, host_names, known_hosts_name
 from .network import ClusterNetwork
 from .storage import SharedFileSystem
@@ -19,14 +19,15 @@ AWS_MTU = 9001
 
 def _inventory(config: AwsClusterConfig, network_cidr: str, head_name: str, gpu_names: list[str],
                resolved: list[Any]) -> dict[str, Any]:
-    head_private, head_public, shared, *addresses = resolved
+    head_private, head_public, shared, head_key, *rest = resolved
+    addresses, keys = rest[:len(gpu_names)], rest[len(gpu_names):]
     head = HostRecord(name=head_name, private_ip=head_private, public_ip=head_public,
-                      public_key=host_key(config.host_key_seed, head_name).public_openssh)
+                      public_key=public_line(head_key, head_name))
     gpu_nodes = [
-        HostRecord(name=name, private_ip=address, public_key=host_key(config.host_key_seed, name).public_openssh,
+        HostRecord(name=name, private_ip=address, public_key=public_line(key, name),
                    gpus=config.gpu_instance_type.gpus, efa_interfaces=config.efa_interfaces,
                    efa_device_rdma=config.efa_device_rdma)
-        for name, address in zip(gpu_names, addresses, strict=True)
+        for name, address, key in zip(gpu_names, addresses, keys, strict=True)
     ]
     return build_inventory(cluster_name=config.cluster_name, network_cidr=network_cidr, ssh_user=config.ssh_user,
                            head=head, gpu_nodes=gpu_nodes, shared_filesystem=shared,
@@ -51,8 +52,9 @@ def build(config: AwsClusterConfig) -> dict[str, pulumi.Output[Any] | Any]:
                                   security_group_id=access.cluster_group.id).mount
 
     inventory = pulumi.Output.all(
-        head.instance.private_ip, head.public_address.public_ip, shared,
+        head.instance.private_ip, head.public_address.public_ip, shared, head.host_key.public_key_openssh,
         *(instance.private_ip for instance in gpu_nodes.instances),
+        *(key.public_key_openssh for key in gpu_nodes.host_keys),
     ).apply(lambda resolved: _inventory(config, network.cidr, head_name, gpu_names, resolved))
 
     return {

@@ -3,7 +3,6 @@ import torch
 from sd3cluster.models import (
     EXPECTED_PARAMETERS,
     build_transformer,
-    count_parameters,
     example_inputs,
     forward_flops,
     fuse_qkv,
@@ -15,10 +14,6 @@ def test_a_preset_whose_size_drifts_stops_the_build(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(EXPECTED_PARAMETERS, "sd3-medium", 2_028_328_001)
     with pytest.raises(AssertionError, match="preset sd3-medium has 2,028,328,000 parameters, expected 2,028,328,001"):
         build_transformer("sd3-medium", device="meta")
-
-
-def test_sd3_medium_is_the_published_size():
-    assert count_parameters(build_transformer("sd3-medium", device="meta")) == 2_028_328_000
 
 
 def test_same_seed_same_init_on_every_rank():

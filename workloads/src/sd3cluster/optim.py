@@ -1,4 +1,4 @@
-"""Optimizer pieces: AdamW (fused where the device has it), warmup schedule, bf16 weights with fp32 masters, EMA."""
+"""Optimizer pieces: AdamW (fused where the device has it), warmup schedule, EMA."""
 
 from __future__ import annotations
 
@@ -44,39 +44,6 @@ def make_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.op
         return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-class MasterWeightAdamW:
-    """Model weights in bf16 (no casts in the step); fp32 masters and fused AdamW state beside them.
-
-    After backward the bf16 gradients are copied into fp32 master gradients, AdamW updates the masters and the
-    result is cast back into the model's weights: the update has fp32 precision, the forward/backward bf16 speed.
-    """
-
-    def __init__(self, model: nn.Module, cfg: OptimConfig, device: torch.device):
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.masters = [p.detach().float().clone() for p in self.params]
-        for m in self.masters:
-            m.grad = torch.zeros_like(m)
-        self.optimizer = make_adamw(self.masters, cfg, device)
-        self.param_groups = self.optimizer.param_groups
-
-    @torch.no_grad()
-    def step(self) -> None:
-        grads = [p.grad for p in self.params]
-        torch._foreach_copy_([m.grad for m in self.masters], grads)
-        self.optimizer.step()
-        torch._foreach_copy_(self.params, self.masters)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            p.grad = None
-
-    def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
 
 
 class EMA:

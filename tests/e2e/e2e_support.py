@@ -90,6 +90,7 @@ class PlaybookRun:
     stdout: str
     recap: dict[str, dict[str, int]]  # {host: {ok, changed, failed, unreachable, skipped, rescued, ignored}}
     changed_tasks: list[str] = field(default_factory=list)  # "TASK NAME: host" of every changed result
+    seconds: float = 0.0  # wall time of the run
 
     @property
     def green(self) -> bool:
@@ -125,6 +126,7 @@ def playbook(path: str, *args: str, check: bool = True, timeout: int = 3600,
     import ansible_runner
 
     private = Path(tempfile.mkdtemp(prefix="sd3-e2e-runner-"))
+    started = time.monotonic()
     try:
         runner = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(REPO), playbook=str(REPO / path),
@@ -143,7 +145,7 @@ def playbook(path: str, *args: str, check: bool = True, timeout: int = 3600,
         changed = [f"TASK [{event['event_data'].get('task', '?')}]: {event['event_data'].get('host', '?')}"
                    for event in runner.events
                    if event.get("event") == "runner_on_ok" and event["event_data"].get("res", {}).get("changed")]
-        result = PlaybookRun(int(runner.rc), stdout, recap, changed)
+        result = PlaybookRun(int(runner.rc), stdout, recap, changed, time.monotonic() - started)
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if check:

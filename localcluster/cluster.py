@@ -140,6 +140,12 @@ def cache_answers() -> bool:
     return result.returncode == 0
 
 
+def node_answers(name: str) -> bool:
+    """True when the node's container runs a process we can exec into. After the host restarted, podman's
+    state can still say "running" for a container whose processes are gone."""
+    return subprocess.run(["podman", "exec", name, "true"], capture_output=True, check=False).returncode == 0
+
+
 def ensure_cache(image: str) -> None:
     """apt-cacher-ng in a container of its own, its cache on the host: a second run downloads nothing."""
     proxy_conf = STATE_DIR / "apt-proxy.conf"
@@ -282,8 +288,10 @@ def up(count: int) -> None:
     with Timer(f"{count} node(s)"):
         for index in range(1, count + 1):
             name = container_name(index)
-            if name in running and podman("inspect", "-f", "{{.State.Running}}", name) != "true":
+            if name in running and not node_answers(name):
                 # A node left stopped (a killed session, a reboot) has lost its state: make it anew.
+                log(f"{name} does not run (podman says {podman('inspect', '-f', '{{.State.Status}}', name)}): "
+                    "starting it anew")
                 podman("rm", "-f", "-t", "0", name)
                 running.discard(name)
             if name in running:

@@ -1,0 +1,62 @@
+"""os_vars_files: a role's OS vars files fall back distribution-version -> distribution -> family -> main."""
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ROOT / "ansible" / "plugins" / "filter" / "os_vars.py"
+spec = importlib.util.spec_from_file_location("os_vars_filter", PLUGIN)
+os_vars = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(os_vars)
+
+
+@pytest.mark.parametrize(("facts", "expected"), [
+    ({"distribution": "Ubuntu", "distribution_major_version": "24", "os_family": "Debian"},
+     ["Ubuntu-24.yml", "Ubuntu.yml", "Debian.yml", "main.yml"]),
+    # Debian is its own family: its name comes once.
+    ({"distribution": "Debian", "distribution_major_version": "12", "os_family": "Debian"},
+     ["Debian-12.yml", "Debian.yml", "main.yml"]),
+    ({"distribution": "Rocky", "distribution_major_version": "9", "os_family": "RedHat"},
+     ["Rocky-9.yml", "Rocky.yml", "RedHat.yml", "main.yml"]),
+    ({}, ["main.yml"]),
+    (None, ["main.yml"]),
+])
+def test_most_specific_first(facts, expected):
+    assert os_vars.os_vars_files(facts) == expected
+
+
+def _first_found(role_vars, facts):
+    for name in os_vars.os_vars_files(facts):
+        if (role_vars / name).is_file():
+            return name
+    return None
+
+
+ROLES = sorted(p for p in (ROOT / "roles").iterdir() if (p / "vars").is_dir())
+SYSTEMS = [("Ubuntu", "22"), ("Ubuntu", "24"), ("Debian", "12")]
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_no_role_ships_identical_os_files(role):
+    """A file that repeats the next one down the fallback adds nothing but a copy to keep in step."""
+    for distribution, major in SYSTEMS:
+        names = os_vars.os_vars_files({"distribution": distribution, "distribution_major_version": major,
+                                       "os_family": "Debian"})
+        present = [n for n in names if (role / "vars" / n).is_file()]
+        for upper, lower in itertools.pairwise(present):
+            assert (role / "vars" / upper).read_text() != (role / "vars" / lower).read_text(), (
+                f"{role.name}: vars/{upper} repeats vars/{lower}")
+    # Release files that all say the same belong in the distribution's (or the family's) file.
+    releases = [role / "vars" / f"Ubuntu-{m}.yml" for m in ("22", "24")]
+    if all(f.is_file() for f in releases):
+        assert len({f.read_text() for f in releases}) > 1, f"{role.name}: every Ubuntu release file is the same"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_every_supported_system_finds_a_file(role):
+    for distribution, major in SYSTEMS:
+        facts = {"distribution": distribution, "distribution_major_version": major, "os_family": "Debian"}
+        assert _first_found(role / "vars", facts) is not None, f"{role.name}: no vars file for {distribution} {major}"

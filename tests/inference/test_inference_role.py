@@ -242,7 +242,7 @@ def render(template: str, **extra) -> str:
     env.filters["basename"] = lambda p: Path(p).name
     env.filters["dirname"] = lambda p: str(Path(p).parent)
     role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-    os_vars = yaml.safe_load((ROLE / "vars" / "Debian-12.yml").read_text())
+    os_vars = yaml.safe_load((ROLE / "vars" / "Debian.yml").read_text())
     values = {**defaults(), **{k: v for k, v in role_vars.items() if "{{" not in str(v)}, **os_vars,
               "ansible_managed": "managed", "inference_config_dir": "/etc/sd3-inference", **extra}
     return env.get_template(template).render(**values)

@@ -165,7 +165,7 @@ def role_scope(role: Path) -> Scope:
                     scope.reads += expression_reads(text, str(path.relative_to(REPO)))
     for path in sorted((role / "templates").rglob("*.j2")):
         scope.reads += expression_reads(path.read_text(), str(path.relative_to(REPO)))
-    # What a dependency sets (cluster_defaults: the cluster_* variables, cluster_node_address) is set
+    # What a dependency sets (cluster: the cluster_* variables, cluster_node_address) is set
     # wherever the role runs: the dependency runs first.
     meta = role / "meta" / "main.yml"
     for dependency in ((load_yaml(meta) or {}).get("dependencies") or []) if meta.is_file() else []:

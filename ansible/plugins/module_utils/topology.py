@@ -1,0 +1,88 @@
+"""The storage topology of a cluster in one place: which bricks form a replica set, the order bricks are
+listed in, and whether a number of storage nodes holds whole replica sets. Pure Python (no Ansible), so the
+gluster modules, the filters, preflight, the local cluster and the cloud inventory all share one rule.
+
+Gluster forms replica sets from consecutive bricks of the list given to `volume create`/`add-brick`: bricks
+1..R are set 1, R+1..2R set 2, and so on. Listing brick i of every node before brick i+1 keeps the copies of
+one set on different servers as long as the node count is a multiple of R (or at least R with one brick each).
+"""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+# opErrno of `gluster volume info NAME --xml` for a volume that does not exist (gluster 10).
+MISSING_VOLUME_ERRNO = "30806"
+
+
+class GlusterError(Exception):
+    """The gluster CLI failed or answered something we cannot read."""
+
+
+def brick_host(brick):
+    """The server part of a `host:/path` brick."""
+    return str(brick).partition(":")[0]
+
+
+def brick_order(addresses, bricks_per_node, brick_root, volume):
+    """Every brick of `volume` as host:/path: brick 1 of every node, then brick 2, ... so that consecutive
+    replica sets span different servers."""
+    return [f"{address}:{brick_root}/brick{index}/{volume}"
+            for index in range(1, int(bricks_per_node) + 1) for address in addresses]
+
+
+def replica_sets(bricks, replica):
+    """The bricks cut into consecutive replica sets of `replica` (a short last set when the count does not
+    divide; whole_replica_sets says whether it does)."""
+    replica = max(int(replica), 1)
+    return [list(bricks[start:start + replica]) for start in range(0, len(bricks), replica)]
+
+
+def whole_replica_sets(brick_count, replica):
+    """True when brick_count bricks make only whole replica sets."""
+    return int(replica) >= 1 and int(brick_count) % int(replica) == 0
+
+
+def sets_sharing_a_server(bricks, replica):
+    """(1-based set number, bricks) of each whole replica set with two bricks on one server."""
+    if int(replica) <= 1:
+        return []
+    return [(number, members) for number, members in enumerate(replica_sets(bricks, replica), start=1)
+            if len(members) == int(replica) and len({brick_host(b) for b in members}) != len(members)]
+
+
+def storage_node_count(node_count, replica):
+    """The most nodes (of node_count, one brick each) that hold whole replica sets of `replica`."""
+    replica = max(int(replica), 1)
+    return replica * (int(node_count) // replica)
+
+
+def parse_volume_info(text):
+    """The one volume of `gluster volume info NAME --xml` as a dict, or None when it does not exist."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as err:
+        raise GlusterError(f"gluster printed no readable XML ({err}): {text[:300]!r}") from err
+    if root.findtext("opRet", "0").strip() != "0":
+        errstr = root.findtext("opErrstr", "").strip()
+        if root.findtext("opErrno", "").strip() == MISSING_VOLUME_ERRNO or "does not exist" in errstr:
+            return None
+        raise GlusterError(errstr or "gluster volume info failed")
+    volume = root.find("volInfo/volumes/volume")
+    if volume is None:
+        return None
+    bricks = []
+    for brick in volume.findall("bricks/brick"):
+        name = brick.findtext("name") or (brick.text or "")
+        bricks.append({"name": name.strip(), "arbiter": brick.findtext("isArbiter", "0").strip() == "1"})
+    return {
+        "name": volume.findtext("name", "").strip(),
+        "id": volume.findtext("id", "").strip(),
+        "status": volume.findtext("statusStr", "").strip(),
+        "type": volume.findtext("typeStr", "").strip(),
+        "replica": int(volume.findtext("replicaCount", "1")),
+        "arbiter": int(volume.findtext("arbiterCount", "0")),
+        "distribute": int(volume.findtext("distCount", "1")),
+        "bricks": [b["name"] for b in bricks],
+        "options": {o.findtext("name", "").strip(): o.findtext("value", "").strip()
+                    for o in volume.findall("options/option")},
+    }

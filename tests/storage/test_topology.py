@@ -63,3 +63,71 @@ def test_volume_info_xml_is_read_once_for_module_and_rules():
     assert topology.parse_volume_info((DATA / "volume_info_missing.xml").read_text()) is None
     with pytest.raises(topology.GlusterError, match="no readable XML"):
         topology.parse_volume_info("not xml")
+
+
+def volumes_xml(*volumes):
+    """`gluster volume info --xml` of volumes given as (name, replica, arbiter, bricks), in the form of
+    volume_info_replica2.xml (gluster 10.3)."""
+    parts = []
+    for name, replica, arbiter, bricks in volumes:
+        items = "".join(f"<brick uuid='u'>{b}<name>{b}</name><isArbiter>0</isArbiter></brick>" for b in bricks)
+        parts.append(f"<volume><name>{name}</name><statusStr>Started</statusStr><replicaCount>{replica}</replicaCount>"
+                     f"<arbiterCount>{arbiter}</arbiterCount><bricks>{items}</bricks><options/></volume>")
+    return (f"<cliOutput><opRet>0</opRet><opErrno>0</opErrno><opErrstr/><volInfo><volumes>{''.join(parts)}"
+            f"<count>{len(parts)}</count></volumes></volInfo></cliOutput>")
+
+
+NODES = {f"node{i}": {"cluster_address": f"10.213.0.3{i}"} for i in range(1, 6)}
+SHARED = [f"10.213.0.3{i}:/data/glusterfs/brick1/shared" for i in (1, 2, 3)]
+POOL = ["UUID\t\t\t\t\tHostname   \tState", "u2\t10.213.0.32\tConnected", "u3\t10.213.0.33\tConnected",
+        "u4\t10.213.0.34\tConnected", "u1\tlocalhost  \tConnected"]
+
+
+def moves(xml, nodes, targets=None, pool=POOL):
+    plan = {"nodes": nodes, "targets": targets or {}}
+    return topology_filter.gluster_brick_moves(xml, pool, plan, NODES, "node1")
+
+
+def test_a_removed_storage_node_without_target_gets_the_message_of_the_e2e_check():
+    [move] = moves(volumes_xml(("shared", 3, 0, SHARED)), ["node3"])
+    assert move["old"] == SHARED[2] and move["new"] == "" and move["volume"] == "shared"
+    assert move["problem"].startswith(f"node3 holds brick {SHARED[2]} of volume shared (replica 3): name a node")
+    assert "remove_node_brick_targets" in move["problem"] and "\"node3\": \"NEWNODE\"" in move["problem"]
+    assert "gluster volume remove-brick shared BRICKS start" in move["problem"]
+
+
+def test_a_target_in_the_pool_outside_the_set_takes_the_brick_on_the_same_path():
+    [move] = moves(volumes_xml(("shared", 3, 0, SHARED)), ["node3"], {"node3": "node4"})
+    assert move == {"volume": "shared", "node": "node3", "old": SHARED[2], "target": "node4", "problem": "",
+                    "new": "10.213.0.34:/data/glusterfs/brick1/shared"}
+
+
+def test_a_target_outside_the_pool_is_named_with_the_probe_to_run():
+    [move] = moves(volumes_xml(("shared", 3, 0, SHARED)), ["node3"], {"node3": "node5"})
+    assert move["problem"] == ("the brick target node5 (10.213.0.35) of node3 is not in the trusted pool (gluster pool "
+                               "list on node1): run the glusterfs role on it and `gluster peer probe 10.213.0.35`")
+
+
+def test_a_target_already_in_the_replica_set_would_put_two_copies_on_one_server():
+    [move] = moves(volumes_xml(("shared", 3, 0, SHARED)), ["node3"], {"node3": "node2"})
+    assert move["problem"] == (f"the brick target node2 already holds a brick of the replica set of {SHARED[2]} "
+                               "(volume shared): pick a node without one, so the set keeps 3 copies on different "
+                               "servers")
+
+
+def test_a_node_without_bricks_moves_nothing_and_sets_are_read_per_volume():
+    six = [f"10.213.0.3{i}:/b/brick1/big" for i in (1, 2, 3)] + [f"10.213.0.3{i}:/b/brick2/big" for i in (1, 2, 4)]
+    xml = volumes_xml(("shared", 3, 0, SHARED), ("big", 3, 1, six))
+    assert moves(xml, ["node5"]) == []
+    # node4's brick is in big's second set (node1, node2, node4): node3 may take it, node2 may not.
+    [ok] = moves(xml, ["node4"], {"node4": "node3"})
+    assert ok["volume"] == "big" and ok["problem"] == "" and ok["new"] == "10.213.0.33:/b/brick2/big"
+    [bad] = moves(xml, ["node4"], {"node4": "node2"})
+    assert "already holds a brick of the replica set" in bad["problem"]
+
+
+def test_no_volumes_means_no_moves():
+    empty = ("<cliOutput><opRet>-1</opRet><opErrno>0</opErrno><opErrstr>No volumes present</opErrstr>"
+             "</cliOutput>")
+    assert moves(empty, ["node3"]) == []
+    assert moves(volumes_xml(), ["node3"]) == []

@@ -13,12 +13,27 @@ if _spec.name not in sys.modules:
     _spec.loader.exec_module(sys.modules[_spec.name])
 topology = sys.modules[_spec.name]
 
+_NETWORK = Path(__file__).resolve().with_name("cluster_network.py")
+_network_spec = importlib.util.spec_from_file_location("sd3cluster_cluster_network", _NETWORK)
+if _network_spec.name not in sys.modules:
+    sys.modules[_network_spec.name] = importlib.util.module_from_spec(_network_spec)
+    _network_spec.loader.exec_module(sys.modules[_network_spec.name])
+cluster_address = sys.modules[_network_spec.name].cluster_address
+
 
 def gluster_bricks(addresses, bricks_per_node, brick_root, volume):
     """Every brick of a volume as host:/path, in the order that keeps each replica set on different servers."""
     return topology.brick_order(list(addresses), bricks_per_node, brick_root, volume)
 
 
+def gluster_brick_moves(volume_info_xml, pool_list_lines, remove_plan, hostvars, primary):
+    """The bricks on remove_plan.nodes and where each goes (remove_plan.targets), read from
+    `gluster volume info --xml` and `gluster pool list`; each move's problem says why it cannot move."""
+    return topology.brick_moves(topology.parse_volumes_info(volume_info_xml), topology.pool_hosts(pool_list_lines),
+                                list(remove_plan["nodes"]), lambda host: cluster_address(host, hostvars),
+                                dict(remove_plan.get("targets") or {}), primary)
+
+
 class FilterModule:
     def filters(self):
-        return {"gluster_bricks": gluster_bricks}
+        return {"gluster_bricks": gluster_bricks, "gluster_brick_moves": gluster_brick_moves}

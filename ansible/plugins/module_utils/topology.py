@@ -56,20 +56,7 @@ def storage_node_count(node_count, replica):
     return replica * (int(node_count) // replica)
 
 
-def parse_volume_info(text):
-    """The one volume of `gluster volume info NAME --xml` as a dict, or None when it does not exist."""
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError as err:
-        raise GlusterError(f"gluster printed no readable XML ({err}): {text[:300]!r}") from err
-    if root.findtext("opRet", "0").strip() != "0":
-        errstr = root.findtext("opErrstr", "").strip()
-        if root.findtext("opErrno", "").strip() == MISSING_VOLUME_ERRNO or "does not exist" in errstr:
-            return None
-        raise GlusterError(errstr or "gluster volume info failed")
-    volume = root.find("volInfo/volumes/volume")
-    if volume is None:
-        return None
+def _volume(volume):
     bricks = []
     for brick in volume.findall("bricks/brick"):
         name = brick.findtext("name") or (brick.text or "")
@@ -86,3 +73,76 @@ def parse_volume_info(text):
         "options": {o.findtext("name", "").strip(): o.findtext("value", "").strip()
                     for o in volume.findall("options/option")},
     }
+
+
+def _volumes_root(text):
+    """The <cliOutput> root, or None when gluster said the volume does not exist."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as err:
+        raise GlusterError(f"gluster printed no readable XML ({err}): {text[:300]!r}") from err
+    if root.findtext("opRet", "0").strip() != "0":
+        errstr = root.findtext("opErrstr", "").strip()
+        if (root.findtext("opErrno", "").strip() == MISSING_VOLUME_ERRNO or "does not exist" in errstr
+                or "No volumes present" in errstr):
+            return None
+        raise GlusterError(errstr or "gluster volume info failed")
+    return root
+
+
+def parse_volume_info(text):
+    """The one volume of `gluster volume info NAME --xml` as a dict, or None when it does not exist."""
+    root = _volumes_root(text)
+    volume = None if root is None else root.find("volInfo/volumes/volume")
+    return None if volume is None else _volume(volume)
+
+
+def parse_volumes_info(text):
+    """Every volume of `gluster volume info --xml` (no name), in gluster's order."""
+    root = _volumes_root(text)
+    return [] if root is None else [_volume(v) for v in root.findall("volInfo/volumes/volume")]
+
+
+def pool_hosts(pool_list_lines):
+    """The Hostname column of `gluster pool list` (UUID, Hostname, State; the node itself is localhost)."""
+    return [line.split()[1] for line in list(pool_list_lines)[1:] if len(line.split()) > 1]
+
+
+def brick_moves(volumes, pool, nodes, address_of, targets, primary):
+    """One move per brick that lies on a node to remove: volume, node, old, new, target, problem (empty when
+    it can move). volumes: parse_volumes_info's list; pool: pool_hosts; address_of: host -> cluster address;
+    targets: node -> the node that takes its bricks; primary: the node the gluster commands run on."""
+    moves = []
+    for node in nodes:
+        address = address_of(node)
+        for volume in volumes:
+            name, bricks, replica = volume["name"], volume["bricks"], max(volume["replica"], 1)
+            for position, brick in enumerate(bricks):
+                if brick_host(brick) not in (address, node):
+                    continue
+                path = brick.split(":", 1)[1]
+                target = targets.get(node) or ""
+                target_address = address_of(target) if target else ""
+                first = (position // replica) * replica
+                set_hosts = [brick_host(b) for b in bricks[first:first + replica]]
+                problem = ""
+                if not target:
+                    problem = (
+                        f"{node} holds brick {brick} of volume {name} (replica {replica}): name a node to take it, "
+                        f"-e '{{\"remove_node_brick_targets\": {{\"{node}\": \"NEWNODE\"}}}}', a host of the "
+                        "inventory outside storage_nodes that is in the trusted pool (run the glusterfs role on it "
+                        f"and `gluster peer probe ADDRESS` from {primary}); or, when whole replica sets leave "
+                        f"together, shrink the volume first on {primary}: `gluster volume remove-brick {name} BRICKS "
+                        "start`, wait for `... status` to say completed, then `... commit`")
+                elif target_address not in pool and target not in pool:
+                    problem = (f"the brick target {target} ({target_address}) of {node} is not in the trusted pool "
+                               f"(gluster pool list on {primary}): run the glusterfs role on it and "
+                               f"`gluster peer probe {target_address}`")
+                elif target_address in set_hosts:
+                    problem = (f"the brick target {target} already holds a brick of the replica set of {brick} "
+                               f"(volume {name}): pick a node without one, so the set keeps {replica} copies on "
+                               "different servers")
+                moves.append({"volume": name, "node": node, "old": brick,
+                              "new": f"{target_address}:{path}" if target else "", "target": target,
+                              "problem": problem})
+    return moves

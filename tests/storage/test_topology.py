@@ -131,3 +131,49 @@ def test_no_volumes_means_no_moves():
              "</cliOutput>")
     assert moves(empty, ["node3"]) == []
     assert moves(volumes_xml(), ["node3"]) == []
+
+
+def layout(**overrides):
+    values = {"nodes": ["s1", "s2", "s3"], "bricks_per_node": "1", "brick_devices": [], "bricks_on_root_fs": "true",
+              "brick_root": "/data/glusterfs", "volumes": [{"name": "shared", "replica": "3"}], "replica": "3",
+              "auth_allow": ["10.0.0.1", "10.0.0.2"]}
+    values.update(overrides)
+    return topology_filter.glusterfs_layout_problems("s1", values)
+
+
+def test_a_good_layout_has_no_problem():
+    assert layout() == []
+    assert layout(bricks_per_node=2, brick_devices=["/dev/vdb", "/dev/vdc"], bricks_on_root_fs=False) == []
+
+
+@pytest.mark.parametrize(("overrides", "problem"), [
+    ({"nodes": []}, "glusterfs_nodes is empty (default: the storage_nodes group): put the storage servers in "
+                    "storage_nodes"),
+    ({"nodes": ["s2", "s3", "s4"]}, "s1 runs the glusterfs role but is not in glusterfs_nodes: run it on "
+                                    "storage_nodes only"),
+    ({"bricks_per_node": "0"}, "glusterfs_bricks_per_node (cluster_storage_bricks_per_node) is 0: use 1 or more"),
+    ({"brick_devices": ["/dev/vdb"], "bricks_per_node": 2},
+     "glusterfs_brick_devices lists 1 device(s) on s1 but glusterfs_bricks_per_node is 2: list one device per brick, "
+     "or none for directories"),
+    ({"bricks_on_root_fs": False},
+     "no glusterfs_brick_devices on s1 and glusterfs_bricks_on_root_fs is false: list the brick disks in "
+     "glusterfs_brick_devices, or set glusterfs_bricks_on_root_fs: true when /data/glusterfs is a mounted data disk"),
+    ({"volumes": [{"name": "a b"}]}, "glusterfs_volumes entry 1 has name 'a b': use letters, digits, - and _"),
+    ({"volumes": [{"name": "v"}, {"name": "v"}]}, "glusterfs_volumes: volume 'v' is declared twice: keep one entry"),
+    ({"volumes": [{"name": "v", "replica": 0}]}, "volume v: replica is 0: use 1 or more (3 is the safe default)"),
+    ({"replica": "4", "volumes": [{"name": "v"}]},
+     "volume v: replica 4 but only 3 storage node(s): add storage nodes or lower cluster_storage_replica "
+     "(glusterfs_replica, or the volume's replica)"),
+    ({"nodes": ["s1", "s2", "s3", "s4"]},
+     "volume shared: 4 bricks (4 storage nodes x 1) is not a multiple of replica 3: add storage nodes in groups of 3 "
+     "or change cluster_storage_bricks_per_node"),
+    ({"volumes": [{"name": "v", "replica": 2, "arbiter": 1}]},
+     "volume v: arbiter 1 with replica 2: an arbiter is 0 or 1, and 1 needs replica 3"),
+    ({"volumes": [{"name": "v", "state": "gone"}]},
+     "volume v: state 'gone': use started, present, stopped or absent"),
+    ({"auth_allow": ["10.0.0.1", "node2"]},
+     "glusterfs_auth_allow holds 'node2', not an IP address: set cluster_address (or ansible_host) of every node to "
+     "its address"),
+])
+def test_each_layout_problem_names_the_variable_and_the_fix(overrides, problem):
+    assert problem in layout(**overrides)

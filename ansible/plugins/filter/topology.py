@@ -19,6 +19,7 @@ if _network_spec.name not in sys.modules:
     sys.modules[_network_spec.name] = importlib.util.module_from_spec(_network_spec)
     _network_spec.loader.exec_module(sys.modules[_network_spec.name])
 cluster_address = sys.modules[_network_spec.name].cluster_address
+is_ip_address = sys.modules[_network_spec.name].is_ip_address
 
 
 def gluster_bricks(addresses, bricks_per_node, brick_root, volume):
@@ -34,6 +35,14 @@ def gluster_brick_moves(volume_info_xml, pool_list_lines, remove_plan, hostvars,
                                 dict(remove_plan.get("targets") or {}), primary)
 
 
+def glusterfs_layout_problems(host, layout):
+    """The glusterfs role's layout problems seen from host; layout holds the role's variables without their
+    glusterfs_ prefix (nodes, bricks_per_node, brick_devices, bricks_on_root_fs, brick_root, volumes, replica,
+    auth_allow)."""
+    return topology.glusterfs_layout_problems(host, is_ip_address=is_ip_address, **layout)
+
+
 class FilterModule:
     def filters(self):
-        return {"gluster_bricks": gluster_bricks, "gluster_brick_moves": gluster_brick_moves}
+        return {"gluster_bricks": gluster_bricks, "gluster_brick_moves": gluster_brick_moves,
+                "glusterfs_layout_problems": glusterfs_layout_problems}

@@ -8,6 +8,7 @@ one set on different servers as long as the node count is a multiple of R (or at
 """
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 # opErrno of `gluster volume info NAME --xml` for a volume that does not exist (gluster 10).
@@ -146,3 +147,80 @@ def brick_moves(volumes, pool, nodes, address_of, targets, primary):
                               "new": f"{target_address}:{path}" if target else "", "target": target,
                               "problem": problem})
     return moves
+
+
+def _as_int(value):
+    """Jinja's `int`: the number, or 0 where the value is none."""
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        try:
+            return int(float(str(value).strip()))
+        except (TypeError, ValueError):
+            return 0
+
+
+def _as_bool(value):
+    """Ansible's `bool`."""
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
+
+
+VOLUME_STATES = ("started", "present", "stopped", "absent")
+_VOLUME_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def glusterfs_layout_problems(host, nodes, bricks_per_node, brick_devices, bricks_on_root_fs, brick_root, volumes,
+                              replica, auth_allow, is_ip_address):
+    """The problems of the glusterfs role's layout as seen from `host`, each naming the variable and the fix."""
+    problems = []
+    nodes = list(nodes or [])
+    count = len(nodes)
+    if count == 0:
+        problems.append("glusterfs_nodes is empty (default: the storage_nodes group): put the storage servers in "
+                        "storage_nodes")
+    if host not in nodes:
+        problems.append(f"{host} runs the glusterfs role but is not in glusterfs_nodes: run it on storage_nodes only")
+    per_node = _as_int(bricks_per_node)
+    if per_node < 1:
+        problems.append(f"glusterfs_bricks_per_node (cluster_storage_bricks_per_node) is {per_node}: use 1 or more")
+    devices = list(brick_devices or [])
+    if len(devices) not in (0, per_node):
+        problems.append(f"glusterfs_brick_devices lists {len(devices)} device(s) on {host} but "
+                        f"glusterfs_bricks_per_node is {per_node}: list one device per brick, or none for directories")
+    if not devices and not _as_bool(bricks_on_root_fs):
+        problems.append(f"no glusterfs_brick_devices on {host} and glusterfs_bricks_on_root_fs is false: list the "
+                        "brick disks in glusterfs_brick_devices, or set glusterfs_bricks_on_root_fs: true when "
+                        f"{brick_root} is a mounted data disk")
+    names = []
+    for index, volume in enumerate(volumes or [], start=1):
+        name = volume.get("name", "?")
+        wanted = _as_int(volume.get("replica", replica))
+        arbiter = _as_int(volume.get("arbiter", 0))
+        if "name" not in volume or not _VOLUME_NAME.match(str(volume["name"])):
+            problems.append(f"glusterfs_volumes entry {index} has name '{volume.get('name', '')}': use letters, "
+                            "digits, - and _")
+        elif volume["name"] in names:
+            problems.append(f"glusterfs_volumes: volume '{volume['name']}' is declared twice: keep one entry")
+        else:
+            names.append(volume["name"])
+        if wanted < 1:
+            problems.append(f"volume {name}: replica is {wanted}: use 1 or more (3 is the safe default)")
+        elif wanted > count:
+            problems.append(f"volume {name}: replica {wanted} but only {count} storage node(s): add storage nodes or "
+                            "lower cluster_storage_replica (glusterfs_replica, or the volume's replica)")
+        elif not whole_replica_sets(count * per_node, wanted):
+            problems.append(f"volume {name}: {count * per_node} bricks ({count} storage nodes x {per_node}) is not a "
+                            f"multiple of replica {wanted}: add storage nodes in groups of {wanted} or change "
+                            "cluster_storage_bricks_per_node")
+        if arbiter not in (0, 1) or (arbiter == 1 and wanted != 3):
+            problems.append(f"volume {name}: arbiter {arbiter} with replica {wanted}: an arbiter is 0 or 1, and 1 "
+                            "needs replica 3")
+        if volume.get("state", "started") not in VOLUME_STATES:
+            problems.append(f"volume {name}: state '{volume['state']}': use started, present, stopped or absent")
+    for address in auth_allow or []:
+        if not is_ip_address(address):
+            problems.append(f"glusterfs_auth_allow holds '{address}', not an IP address: set cluster_address (or "
+                            "ansible_host) of every node to its address")
+    return problems

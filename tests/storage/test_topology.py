@@ -177,3 +177,35 @@ def test_a_good_layout_has_no_problem():
 ])
 def test_each_layout_problem_names_the_variable_and_the_fix(overrides, problem):
     assert problem in layout(**overrides)
+
+
+# The local cluster after scale-out 3 -> 4 (localcluster layout(4)): node1 head, node2-4 train, node1-3 storage.
+GROUPS4 = {"all": ["node1", "node2", "node3", "node4"], "head": ["node1"], "gpu_nodes": ["node2", "node3", "node4"],
+           "storage_nodes": ["node1", "node2", "node3"]}
+
+
+def removal(nodes, targets=None):
+    return topology_filter.FilterModule().filters()["day2_removal_plan"](nodes, targets or {}, GROUPS4, NODES)
+
+
+def test_removing_a_gpu_node_keeps_storage_as_it_is():
+    plan = removal("node4")
+    assert plan["nodes"] == ["node4"] and plan["unknown"] == [] and plan["removed_storage"] == []
+    assert plan["keep"] == ["node1", "node2", "node3"]
+    assert plan["keep_addresses"] == ["10.213.0.31", "10.213.0.32", "10.213.0.33"]
+    assert plan["gpu_nodes"] == ["node2", "node3"] and plan["removed_gpu_nodes"] == ["node4"]
+    assert plan["storage_nodes"] == ["node1", "node2", "node3"]
+
+
+def test_a_brick_target_takes_the_removed_storage_node_s_place_in_order():
+    plan = removal(" node3 , ", {"node3": "node4"})
+    assert plan["nodes"] == ["node3"] and plan["removed_storage"] == ["node3"]
+    assert plan["storage_nodes"] == ["node1", "node2", "node4"]
+    assert plan["storage_addresses"] == ["10.213.0.31", "10.213.0.32", "10.213.0.34"]
+    assert plan["targets"] == {"node3": "node4"}
+
+
+def test_a_removed_storage_node_without_target_leaves_storage_and_unknown_names_are_listed():
+    plan = removal(["node3", "node9"])
+    assert plan["storage_nodes"] == ["node1", "node2"] and plan["unknown"] == ["node9"]
+    assert removal("")["nodes"] == [] and removal([])["nodes"] == []

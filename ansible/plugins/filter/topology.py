@@ -42,7 +42,12 @@ def glusterfs_layout_problems(host, layout):
     return topology.glusterfs_layout_problems(host, is_ip_address=is_ip_address, **layout)
 
 
+def day2_removal_plan(remove_nodes, targets, groups, hostvars):
+    """remove_node.yml's plan (topology.removal_plan) with addresses by the cluster_address rule."""
+    return topology.removal_plan(remove_nodes, targets, groups, lambda host: cluster_address(host, hostvars))
+
+
 class FilterModule:
     def filters(self):
         return {"gluster_bricks": gluster_bricks, "gluster_brick_moves": gluster_brick_moves,
-                "glusterfs_layout_problems": glusterfs_layout_problems}
+                "glusterfs_layout_problems": glusterfs_layout_problems, "day2_removal_plan": day2_removal_plan}

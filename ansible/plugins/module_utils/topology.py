@@ -224,3 +224,37 @@ def glusterfs_layout_problems(host, nodes, bricks_per_node, brick_devices, brick
             problems.append(f"glusterfs_auth_allow holds '{address}', not an IP address: set cluster_address (or "
                             "ansible_host) of every node to its address")
     return problems
+
+
+def node_list(value):
+    """A list of node names given as a list or as one comma-separated string (-e remove_nodes=node4,node5)."""
+    names = value.split(",") if isinstance(value, str) else list(value or [])
+    return [name for name in (str(n).strip() for n in names) if name]
+
+
+def removal_plan(remove_nodes, targets, groups, address_of):
+    """remove_node.yml's plan: the nodes to remove, those unknown to the inventory, the nodes that stay, the gpu
+    and storage nodes after the removal (each removed storage node's place taken by its brick target, in the
+    same position, so the brick order stays) and their addresses."""
+    nodes = node_list(remove_nodes)
+    targets = dict(targets or {})
+    everyone = list(groups.get("all", []))
+    storage = list(groups.get("storage_nodes", []))
+    gpu = list(groups.get("gpu_nodes", []))
+    keep = [host for host in everyone if host not in nodes]
+    removed_storage = [host for host in storage if host in nodes]
+    without_target = [host for host in removed_storage if host not in targets]
+    storage_after = [targets.get(host, host) for host in storage]
+    storage_after = [host for host in storage_after if host not in without_target]
+    return {
+        "nodes": nodes,
+        "unknown": [host for host in nodes if host not in everyone],
+        "keep": keep,
+        "keep_addresses": [address_of(host) for host in keep],
+        "gpu_nodes": [host for host in gpu if host not in nodes],
+        "removed_gpu_nodes": [host for host in gpu if host in nodes],
+        "removed_storage": removed_storage,
+        "storage_nodes": storage_after,
+        "storage_addresses": [address_of(host) for host in storage_after],
+        "targets": targets,
+    }

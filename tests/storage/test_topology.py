@@ -209,3 +209,32 @@ def test_a_removed_storage_node_without_target_leaves_storage_and_unknown_names_
     plan = removal(["node3", "node9"])
     assert plan["storage_nodes"] == ["node1", "node2"] and plan["unknown"] == ["node9"]
     assert removal("")["nodes"] == [] and removal([])["nodes"] == []
+
+
+GROUPS3 = {"all": ["node1", "node2", "node3"], "head": ["node1"], "gpu_nodes": ["node2", "node3"],
+           "storage_nodes": ["node1", "node2", "node3"]}
+WAS3 = {"node1": ["head", "storage_nodes"], "node2": ["gpu_nodes", "storage_nodes"],
+        "node3": ["gpu_nodes", "storage_nodes"]}
+
+
+def scale_out(scale_out_nodes, groups, was):
+    hostvars = {host: ({"__scale_out_was": groups_was} if groups_was is not None else {})
+                for host, groups_was in was.items()}
+    return topology_filter.day2_scale_out_plan(groups["all"], scale_out_nodes, groups, hostvars)
+
+
+def test_scale_out_3_to_4_finds_the_unmarked_gpu_node_and_no_new_storage():
+    plan = scale_out([], GROUPS4, {**WAS3, "node4": None})
+    assert plan == {"named": [], "unknown": [], "marked": ["node1", "node2", "node3"], "new": ["node4"],
+                    "new_storage": [], "slurm_changes": True}
+
+
+def test_named_nodes_are_new_and_unknown_names_are_listed():
+    plan = scale_out("node4, node9", GROUPS4, {**WAS3, "node4": None})
+    assert plan["named"] == ["node4", "node9"] and plan["unknown"] == ["node9"] and plan["new"] == ["node4"]
+
+
+def test_a_marked_node_that_became_a_storage_node_is_new_storage_but_not_new():
+    groups = {**GROUPS4, "storage_nodes": ["node1", "node2", "node3", "node4"], "gpu_nodes": ["node2", "node3"]}
+    plan = scale_out([], groups, {**WAS3, "node4": ["gpu_nodes"]})
+    assert plan["new"] == [] and plan["new_storage"] == ["node4"] and plan["slurm_changes"] is False

@@ -47,7 +47,14 @@ def day2_removal_plan(remove_nodes, targets, groups, hostvars):
     return topology.removal_plan(remove_nodes, targets, groups, lambda host: cluster_address(host, hostvars))
 
 
+def day2_scale_out_plan(play_hosts, scale_out_nodes, groups, hostvars):
+    """scale_out.yml's plan (topology.scale_out_plan) from each play host's __scale_out_was fact."""
+    was = {host: (hostvars[host].get("__scale_out_was") if host in hostvars else None) for host in play_hosts}
+    return topology.scale_out_plan(scale_out_nodes, groups, list(play_hosts), was)
+
+
 class FilterModule:
     def filters(self):
         return {"gluster_bricks": gluster_bricks, "gluster_brick_moves": gluster_brick_moves,
-                "glusterfs_layout_problems": glusterfs_layout_problems, "day2_removal_plan": day2_removal_plan}
+                "glusterfs_layout_problems": glusterfs_layout_problems, "day2_removal_plan": day2_removal_plan,
+                "day2_scale_out_plan": day2_scale_out_plan}

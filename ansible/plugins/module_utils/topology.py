@@ -258,3 +258,30 @@ def removal_plan(remove_nodes, targets, groups, address_of):
         "storage_addresses": [address_of(host) for host in storage_after],
         "targets": targets,
     }
+
+
+def _unique(items):
+    return list(dict.fromkeys(items))
+
+
+def scale_out_plan(scale_out_nodes, groups, play_hosts, was):
+    """scale_out.yml's plan. was: host -> the groups its marker recorded at its last converge (None when it
+    carries no marker). New nodes are the ones named in scale_out_nodes, else every node without a marker;
+    new storage nodes are storage nodes that are new or were not storage nodes when last converged."""
+    named = node_list(scale_out_nodes)
+    everyone = list(groups.get("all", []))
+    marked = [host for host in play_hosts if was.get(host) is not None]
+    if named:
+        new = _unique(host for host in named if host in everyone)
+    else:
+        new = _unique(host for host in everyone if host not in marked)
+    was_not_storage = [host for host in marked if "storage_nodes" not in (was.get(host) or [])]
+    compute = list(groups.get("head", [])) + list(groups.get("gpu_nodes", []))
+    return {
+        "named": named,
+        "unknown": _unique(host for host in named if host not in everyone),
+        "marked": marked,
+        "new": new,
+        "new_storage": [host for host in groups.get("storage_nodes", []) if host in new + was_not_storage],
+        "slurm_changes": any(host in compute for host in new),
+    }

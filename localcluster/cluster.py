@@ -13,6 +13,7 @@ Everything this tool creates carries the label io.sd3-cluster.owned=true and not
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import ipaddress
 import json
 import os
@@ -238,13 +239,24 @@ def host_keys(index: int, timeout: float = 60) -> list[str]:
                        f"see `podman exec {container_name(index)} journalctl -u ssh`")
 
 
+def _topology():
+    """The repository's storage topology rules (ansible/plugins/module_utils/topology.py), loaded by path:
+    the same replica-set rule the roles and preflight apply."""
+    path = Path(__file__).resolve().parents[1] / "ansible" / "plugins" / "module_utils" / "topology.py"
+    spec = importlib.util.spec_from_file_location("sd3_topology_rules", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def layout(count: int) -> dict[str, list[str]]:
     """Groups for N nodes: node1 is the head; the others train (all of them when N < 3); storage is
     the largest multiple of the replica count, so bricks always come in whole replica sets."""
     nodes = [node_name(i) for i in range(1, count + 1)]
     replica = min(3, count)
     gpu_nodes = nodes[1:] if count >= 3 else nodes
-    return {"head": nodes[:1], "gpu_nodes": gpu_nodes, "storage_nodes": nodes[:replica * (count // replica)],
+    storage = _topology().storage_node_count(count, replica)
+    return {"head": nodes[:1], "gpu_nodes": gpu_nodes, "storage_nodes": nodes[:storage],
             "replica": replica}
 
 

@@ -288,6 +288,15 @@ def cluster_variable_problems(variables, rules):
     return problems
 
 
+def _topology():
+    """The storage topology rules (module_utils/topology.py): one copy of the replica-set rule."""
+    path = Path(__file__).resolve().parents[1] / "module_utils" / "topology.py"
+    spec = importlib.util.spec_from_file_location("sd3_topology_rules", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _firewall_rules():
     """The firewall role's rules (firewall.py beside this file): one reading of what a network is."""
     path = Path(__file__).with_name("firewall.py")
@@ -445,7 +454,7 @@ def storage_layout_problems(groups, variables):
     if replica > count:
         return [f"cluster_storage_replica is {replica} but storage_nodes has only {count} host(s): add storage nodes "
                 "or lower cluster_storage_replica"]
-    if (count * per_node) % replica:
+    if not _topology().whole_replica_sets(count * per_node, replica):
         return [f"{count * per_node} bricks ({count} storage_nodes x cluster_storage_bricks_per_node {per_node}) is "
                 f"not a multiple of cluster_storage_replica {replica}: add or remove storage nodes, or change the "
                 "replica count"]

@@ -4,7 +4,6 @@ create, add bricks in whole replica sets (then rebalance), set options that diff
 from __future__ import annotations
 
 import time
-import xml.etree.ElementTree as ET
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -90,43 +89,20 @@ warnings_found:
   returned: always
 """
 
-MISSING_VOLUME_ERRNO = "30806"
-
-
-class GlusterError(Exception):
-    """The gluster CLI failed or answered something we cannot read."""
-
-
-def parse_volume_info(text):
-    """The one volume of `gluster volume info NAME --xml` as a dict, or None when it does not exist."""
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError as err:
-        raise GlusterError(f"gluster printed no readable XML ({err}): {text[:300]!r}") from err
-    if root.findtext("opRet", "0").strip() != "0":
-        errstr = root.findtext("opErrstr", "").strip()
-        if root.findtext("opErrno", "").strip() == MISSING_VOLUME_ERRNO or "does not exist" in errstr:
-            return None
-        raise GlusterError(errstr or "gluster volume info failed")
-    volume = root.find("volInfo/volumes/volume")
-    if volume is None:
-        return None
-    bricks = []
-    for brick in volume.findall("bricks/brick"):
-        name = brick.findtext("name") or (brick.text or "")
-        bricks.append({"name": name.strip(), "arbiter": brick.findtext("isArbiter", "0").strip() == "1"})
-    return {
-        "name": volume.findtext("name", "").strip(),
-        "id": volume.findtext("id", "").strip(),
-        "status": volume.findtext("statusStr", "").strip(),
-        "type": volume.findtext("typeStr", "").strip(),
-        "replica": int(volume.findtext("replicaCount", "1")),
-        "arbiter": int(volume.findtext("arbiterCount", "0")),
-        "distribute": int(volume.findtext("distCount", "1")),
-        "bricks": [b["name"] for b in bricks],
-        "options": {o.findtext("name", "").strip(): o.findtext("value", "").strip()
-                    for o in volume.findall("options/option")},
-    }
+# The replica rule and the XML reader live in module_utils/topology.py, shared with the filters, preflight,
+# the local cluster and the cloud inventory. Ansible ships it with the module; a test loading this file by
+# path finds it next door.
+try:
+    from ansible.module_utils.topology import GlusterError, parse_volume_info, sets_sharing_a_server, whole_replica_sets
+except ImportError:  # pragma: no cover - only when this file is loaded outside Ansible
+    import importlib.util as _util
+    from pathlib import Path as _Path
+    _spec = _util.spec_from_file_location(
+        "sd3cluster_topology", _Path(__file__).resolve().parents[1] / "module_utils" / "topology.py")
+    _topology = _util.module_from_spec(_spec)
+    _spec.loader.exec_module(_topology)
+    GlusterError, parse_volume_info = _topology.GlusterError, _topology.parse_volume_info
+    sets_sharing_a_server, whole_replica_sets = _topology.sets_sharing_a_server, _topology.whole_replica_sets
 
 
 def option_value(value):
@@ -148,7 +124,7 @@ def layout_problems(params):
         problems.append(f"an arbiter needs replica 3, not {replica}")
     if params["state"] in ("started", "present") and not bricks:
         problems.append("no bricks given: list them as host:/path")
-    if replica >= 1 and len(bricks) % replica:
+    if replica >= 1 and not whole_replica_sets(len(bricks), replica):
         problems.append(f"{len(bricks)} bricks is not a multiple of replica {replica}: add or remove bricks")
     for brick in bricks:
         host, _, path = brick.partition(":")
@@ -156,11 +132,9 @@ def layout_problems(params):
             problems.append(f"brick {brick!r} is not host:/absolute/path")
     if len(set(bricks)) != len(bricks):
         problems.append("a brick is listed twice: every brick needs its own host:/path")
-    for start in range(0, len(bricks) - replica + 1 if replica > 1 else 0, max(replica, 1)):
-        hosts = [b.partition(":")[0] for b in bricks[start:start + replica]]
-        if len(set(hosts)) != len(hosts):
-            problems.append(f"replica set {start // replica + 1} ({', '.join(bricks[start:start + replica])}) has two "
-                            "bricks on one server: order the bricks so each set spans different servers")
+    for number, members in sets_sharing_a_server(bricks, replica):
+        problems.append(f"replica set {number} ({', '.join(members)}) has two "
+                        "bricks on one server: order the bricks so each set spans different servers")
     return problems
 
 
@@ -197,16 +171,14 @@ def plan(current, params):
             warnings.append(f"volume {name} has bricks that are not wanted: {', '.join(extra)}; they are kept. "
                             "Remove them with `gluster volume remove-brick` (start, then commit) after draining.")
         if added:
-            if len(added) % params["replica"]:
+            if not whole_replica_sets(len(added), params["replica"]):
                 raise GlusterError(
                     f"{len(added)} new brick(s) for volume {name} ({', '.join(added)}) is not a multiple of replica "
                     f"{params['replica']}: add storage nodes (or bricks per node) so new bricks come in whole sets")
-            for start in range(0, len(added), params["replica"]):
-                hosts = [b.partition(":")[0] for b in added[start:start + params["replica"]]]
-                if params["replica"] > 1 and len(set(hosts)) != len(hosts):
-                    raise GlusterError(
-                        f"the new bricks {', '.join(added[start:start + params['replica']])} would form a replica set "
-                        "with two copies on one server: add storage nodes in groups of the replica count")
+            for _number, members in sets_sharing_a_server(added, params["replica"]):
+                raise GlusterError(
+                    f"the new bricks {', '.join(members)} would form a replica set "
+                    "with two copies on one server: add storage nodes in groups of the replica count")
             commands.append(["volume", "add-brick", name, *added, *force])
             if params["rebalance"]:
                 commands.append(["volume", "rebalance", name, "start"])

@@ -6,7 +6,8 @@ import importlib.util
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("gpu_stack_filter", REPO / "ansible" / "plugins" / "filter" / "gpu_stack.py")
+spec = importlib.util.spec_from_file_location("gpu_stack_filter",
+                                              REPO / "ansible" / "plugins" / "filter" / "gpu_stack.py")
 gpu_stack = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_stack)
 
@@ -32,8 +33,9 @@ def test_driver_branch_not_three_digits():
 
 
 def test_driver_version_of_another_branch():
-    assert driver(version="550.54.15") == ["nvidia_driver_version 550.54.15 is not of branch 570 (nvidia_driver_branch):"
-                                           " make them agree or leave nvidia_driver_version empty"]
+    assert driver(version="550.54.15") == [
+        "nvidia_driver_version 550.54.15 is not of branch 570 (nvidia_driver_branch): make them agree or leave "
+        "nvidia_driver_version empty"]
     # A prefix of the branch without the dot is not the branch: 5701.x is not of 570.
     assert len(driver(version="5701.1")) == 1
 
@@ -132,9 +134,10 @@ def test_toolkit_good():
 
 
 def test_toolkit_bad():
-    assert toolkit(version="12") == ["cuda_toolkit_version is '12': give major.minor, e.g. 12.8",
-                                     "Ubuntu 24 ships CUDA 12.0, not 12 (cuda_toolkit_version): set cuda_toolkit_source: "
-                                     "cuda_repo, or leave the version empty"]
+    assert toolkit(version="12") == [
+        "cuda_toolkit_version is '12': give major.minor, e.g. 12.8",
+        "Ubuntu 24 ships CUDA 12.0, not 12 (cuda_toolkit_version): set cuda_toolkit_source: cuda_repo, or leave the "
+        "version empty"]
     assert toolkit(source="cuda_repo") == ["cuda_toolkit_source is cuda_repo but cuda_toolkit_version is empty: pin a "
                                            "release, e.g. cuda_toolkit_version: '12.8'"]
     assert toolkit(version="12.8") == ["Ubuntu 24 ships CUDA 12.0, not 12.8 (cuda_toolkit_version): set "

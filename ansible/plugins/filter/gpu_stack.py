@@ -51,18 +51,19 @@ def nvidia_driver_settings_problems(settings):
     if not _BRANCH.match(branch):
         problems.append(f"nvidia_driver_branch is '{branch}': give the driver's major version, three digits, e.g. 570")
     if version and not _of_branch(version, branch):
-        problems.append(f"nvidia_driver_version {version} is not of branch {branch} (nvidia_driver_branch): make them "
-                        "agree or leave nvidia_driver_version empty")
+        problems.append(f"nvidia_driver_version {version} is not of branch {branch} (nvidia_driver_branch): "
+                        "make them agree or leave nvidia_driver_version empty")
     if source == "distribution" and _text(settings.get("distribution")) == "Debian" and branch != distribution_branch:
-        problems.append(f"{system} ships only driver branch {distribution_branch}, not {branch} (nvidia_driver_branch): "
-                        "set nvidia_driver_source: cuda_repo for other branches, or leave nvidia_driver_branch empty")
+        problems.append(f"{system} ships only driver branch {distribution_branch}, not {branch} "
+                        "(nvidia_driver_branch): set nvidia_driver_source: cuda_repo for other branches, "
+                        "or leave nvidia_driver_branch empty")
     if (_truthy(settings.get("fabricmanager")) and source == "distribution"
             and not _text(settings.get("distribution_fabricmanager_package"))):
-        problems.append(f"{system} has no Fabric Manager package (nvidia_driver_fabricmanager): set nvidia_driver_source: "
-                        "cuda_repo on NVSwitch systems")
+        problems.append(f"{system} has no Fabric Manager package (nvidia_driver_fabricmanager): "
+                        "set nvidia_driver_source: cuda_repo on NVSwitch systems")
     if source == "cuda_repo" and len(re.sub(r"\s", "", fingerprint)) != 40:
-        problems.append(f"nvidia_driver_cuda_repo_key_fingerprint '{fingerprint}' is not a 40-digit OpenPGP fingerprint: "
-                        "copy it from NVIDIA's documentation")
+        problems.append(f"nvidia_driver_cuda_repo_key_fingerprint '{fingerprint}' is not a 40-digit OpenPGP "
+                        "fingerprint: copy it from NVIDIA's documentation")
     return problems
 
 
@@ -94,15 +95,17 @@ def nvidia_driver_check_problems(smi, gpus, settings):
     for gpu in gpus:
         where = f"GPU {gpu.get('index')} ({gpu.get('bus_id')}, {gpu.get('name')})"
         if branch and not _of_branch(gpu.get("driver_version"), branch):
-            problems.append(f"{where}: driver {gpu.get('driver_version')} is not of branch {branch} (nvidia_driver_branch): "
-                            "reboot into the installed driver, or set the branch to the one you run")
+            problems.append(f"{where}: driver {gpu.get('driver_version')} is not of branch {branch} "
+                            "(nvidia_driver_branch): reboot into the installed driver, or set the branch to the "
+                            "one you run")
         if _truthy(settings.get("require_persistence_mode")) and gpu.get("persistence_mode") != "Enabled":
             problems.append(f"{where}: persistence mode is {gpu.get('persistence_mode')} "
                             "(nvidia_driver_require_persistence_mode): start nvidia-persistenced "
                             "(nvidia_driver_persistenced: true) or run nvidia-smi -pm 1")
         if _truthy(settings.get("require_ecc")) and gpu.get("ecc_mode") != "Enabled":
-            problems.append(f"{where}: ECC is {gpu.get('ecc_mode')} (nvidia_driver_require_ecc): enable it (nvidia-smi -e 1, "
-                            "then reboot), or set nvidia_driver_require_ecc: false for GPUs without ECC")
+            problems.append(f"{where}: ECC is {gpu.get('ecc_mode')} (nvidia_driver_require_ecc): enable it "
+                            "(nvidia-smi -e 1, then reboot), or set nvidia_driver_require_ecc: false for GPUs "
+                            "without ECC")
     return problems
 
 

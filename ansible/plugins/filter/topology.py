@@ -6,20 +6,21 @@ import importlib.util
 import sys
 from pathlib import Path
 
-_MODULE = Path(__file__).resolve().parents[1] / "module_utils" / "topology.py"
-_spec = importlib.util.spec_from_file_location("sd3cluster_topology", _MODULE)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_spec.name])
-topology = sys.modules[_spec.name]
 
-_NETWORK = Path(__file__).resolve().with_name("cluster_network.py")
-_network_spec = importlib.util.spec_from_file_location("sd3cluster_cluster_network", _NETWORK)
-if _network_spec.name not in sys.modules:
-    sys.modules[_network_spec.name] = importlib.util.module_from_spec(_network_spec)
-    _network_spec.loader.exec_module(sys.modules[_network_spec.name])
-cluster_address = sys.modules[_network_spec.name].cluster_address
-is_ip_address = sys.modules[_network_spec.name].is_ip_address
+def _load(name: str, path: Path):
+    """A rules file of this tree by its path, once per process (Ansible loads filter files under names of its own)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+_HERE = Path(__file__).resolve()
+topology = _load("sd3cluster_topology", _HERE.parents[1] / "module_utils" / "topology.py")
+_network = _load("sd3cluster_cluster_network", _HERE.with_name("cluster_network.py"))
+cluster_address = _network.cluster_address
+is_ip_address = _network.is_ip_address
 
 
 def gluster_bricks(addresses, bricks_per_node, brick_root, volume):

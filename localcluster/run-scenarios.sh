@@ -32,9 +32,28 @@ run_one() {
     printf '[molecule] %-12s FAILED after %.0f s; the end of %s:\n' "$scenario" \
       "$(python3 -c "print($EPOCHREALTIME - $start)")" "$logs/$scenario.log"
     sed 's/\x1b\[[0-9;]*m//g' "$logs/$scenario.log" | tail -n 60
+    echo "$scenario" >>"$logs/failed"
     return 1
   fi
 }
+# The failing task and its message, printed again once every scenario has ended: the log tails above
+# are interleaved and long, and whoever reads only the end of the output should see why it failed.
+failed_task() {
+  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '
+    /TASK \[/ { task = $0 }
+    /fatal: \[|FAILED!/ { last_task = task; n = 0; message = "" }
+    last_task != "" && n < 10 { message = message $0 "\n"; n++ }
+    END { if (last_task != "") printf "%s\n%s", last_task, message; else print "  (no failed task in the log)" }'
+}
 export -f run_molecule run_one
 export logs
+rm -f "$logs/failed"
 printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c 'run_one {}'
+status=$?
+if [[ -s $logs/failed ]]; then
+  while read -r scenario; do
+    printf '[molecule] %s failed; its last failed task (log: %s):\n' "$scenario" "$logs/$scenario.log"
+    failed_task "$logs/$scenario.log" | cut -c1-400
+  done <"$logs/failed"
+fi
+exit "$status"

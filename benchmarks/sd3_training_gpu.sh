@@ -2,7 +2,7 @@
 # The training-speed runs of benchmarks/sd3_training.md on one GPU machine: every case in its own process,
 # all in one call. Usage (from the repository root, wheels of the optional `fa4` extra and of diffusers & co.
 # under WHEELS, results written to OUT):
-#   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split]
+#   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -10,8 +10,11 @@ mkdir -p "$OUT" "$SITE"
 # libraries come in several wheels that share nvidia_cutlass_dsl/, and -libs-cu13 may be unpacked there already).
 rm -rf "$SITE.stage" && python3 -m pip install -q --no-index --no-deps --target "$SITE.stage" "$WHEELS"/*.whl 2>&1 | tail -2
 cp -a "$SITE.stage/." "$SITE/"
-# pip --target does not run the CUTLASS DSL's .pth file: its packages folder goes on the path by hand.
-export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD/workloads/src"
+# pip --target does not run the CUTLASS DSL's .pth file: its packages folder goes on the path by hand. Through a
+# path with a site-packages folder in it: quack keys its kernel cache by the source of the functions an epilogue
+# calls, except for installed ones, which it knows by a "site-packages" in their file name.
+mkdir -p /tmp/bench-env && ln -sfn "$SITE" /tmp/bench-env/site-packages
+export PYTHONPATH="/tmp/bench-env/site-packages:/tmp/bench-env/site-packages/nvidia_cutlass_dsl/dsl_packages:$PWD/workloads/src"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; from sd3cluster.attention import fa4_import_problem as p; \
 print('torch', torch.__version__, 'fa4:', p() or 'imports')"
@@ -40,4 +43,11 @@ for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s
   512) bench ref-512 sd3-medium:512:32:reference
        bench opt-512 sd3-medium:512:32:optimized ;;
   split) bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
+  mlp) python3 -m pytest -q tests/workloads/test_fused_mlp.py 2>&1 | tail -3
+       bench opt-1024 sd3-medium:1024:8:optimized:mlp=torch
+       bench opt-mlp-1024 sd3-medium:1024:8:optimized:mlp=quack
+       bench split-mlp-1024 sd3-medium:1024:8:optimized:mlp=quack --profile-steps 3 ;;
+  mlp1024) bench ref-1024 sd3-medium:1024:8:reference
+           bench opt-1024 sd3-medium:1024:8:optimized
+           bench opt-torchmlp-1024 sd3-medium:1024:8:optimized:mlp=torch ;;
 esac; done; done

@@ -57,8 +57,8 @@ def test_bench_runs_the_training_step_of_train(tmp_path, capsys):
     assert [r.variant for r in results] == ["reference", "optimized"]
     for r in results:
         assert r.images_per_s > 0 and r.mfu > 0 and math.isfinite(r.loss) and r.batch == 2
-    assert "diffusers' processor" in results[0].extra["attention"]
-    assert results[1].extra["attention"].startswith("attention: sdpa (auto on cpu")
+    assert "diffusers' processor" in results[0].extra["kernels"]
+    assert results[1].extra["kernels"].startswith("attention: sdpa (auto on cpu")
     report = json.loads((tmp_path / "bench.json").read_text())
     assert [r["variant"] for r in report] == ["reference", "optimized"]
     assert "| reference | tiny | 64 | 2 |" in capsys.readouterr().out

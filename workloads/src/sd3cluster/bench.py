@@ -27,7 +27,7 @@ from .models import train_flops_per_image
 VARIANT_KEYS: dict[str, str] = {
     "fuse": "model.fuse_qkv", "compile": "model.compile", "attn": "model.attention", "adam": "optim.fused",
     "ac": "model.activation_checkpointing", "fsdp": "train.parallel", "batch": "data.batch_size",
-    "res": "data.resolution", "fp8": "model.float8",
+    "res": "data.resolution", "fp8": "model.float8", "mlp": "model.mlp",
 }
 # The values a short key takes, and the configuration value each stands for.
 VARIANT_VALUES: dict[str, dict[str, Any]] = {
@@ -35,9 +35,10 @@ VARIANT_VALUES: dict[str, dict[str, Any]] = {
     "attn": {name: name for name in ("auto", "fa4", "cudnn", "flash", "sdpa")},
     "adam": {"foreach": False, "fused": True}, "ac": {"0": False, "1": True}, "fsdp": {"0": "ddp", "1": "fsdp"},
     "fp8": {name: name for name in ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")},
+    "mlp": {name: name for name in ("auto", "torch", "quack")},
 }
 VARIANT_DEFAULTS: dict[str, dict[str, str]] = {
-    "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach"),
+    "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach", mlp="torch"),
     "optimized": {},
 }
 
@@ -167,7 +168,7 @@ def run_variant(variant: Variant, base: Config, device: torch.device, profile_st
         loss = float(torch.stack(losses).float().mean())
         if not math.isfinite(loss):
             raise RuntimeError(f"variant {variant.name}: loss is {loss}")
-        extra: dict[str, Any] = {"attention": trainer.attention_note}
+        extra: dict[str, Any] = {"kernels": trainer.kernel_note}
         if profile_steps and cuda:
             # Steady state only: the model is compiled and warm, so no autotuning or compilation is in the trace.
             from torch.profiler import ProfilerActivity, profile
@@ -217,7 +218,7 @@ def run_bench(cfg: Config, device: torch.device | None = None) -> list[BenchResu
         res = run_variant(Variant.parse(spec), cfg, device)
         results.append(res)
         print(f"[bench] {res.variant}: {res.images_per_s:.2f} images/s, MFU {res.mfu:.3f} "
-              f"(peak {cfg.train.peak_tflops:g} TFLOP/s), {res.peak_gib:.1f} GiB; {res.extra['attention']}", flush=True)
+              f"(peak {cfg.train.peak_tflops:g} TFLOP/s), {res.peak_gib:.1f} GiB; {res.extra['kernels']}", flush=True)
     print(format_table(results))
     if cfg.bench.report is not None:
         cfg.bench.report.write_text(json.dumps([asdict(r) for r in results], indent=2))

@@ -33,6 +33,12 @@ class ModelConfig(_Section):
     float8: Literal["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = Field(
         "none", description="float8 GEMMs for the joint blocks' linears (torchao, sm89+, with model.compile); "
         "measured no faster than bf16 for SD3-medium on an H200 (benchmarks/sd3_training.md)")
+    mlp: Literal["auto", "torch", "quack"] = Field(
+        "auto", description="feed-forward kernels: torch (nn.Linear, GELU, nn.Linear, compiled with the block) or "
+        "quack (the GELU and its gradient in the GEMMs' epilogues: a 2.5% faster step and 9 GiB less memory for "
+        "SD3-medium on an H200; sm90+, comes with the `fa4` extra; it tunes its GEMMs in the first step, about 2 "
+        "minutes, cached on disk); auto: quack on sm90+ when it imports, for bf16 full training, else torch. Printed "
+        "at start")
     activation_checkpointing: bool = False
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .attention import attention
+from .errors import UserError
 
 # Configs of the published checkpoints' transformer/config.json; `tiny` is for CPU tests.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -114,6 +115,87 @@ class FusedJointAttnProcessor:
         if not attn.context_pre_only:
             txt = attn.to_add_out(txt)
         return img, txt
+
+
+@functools.cache
+def quack_mlp_import_problem() -> str | None:
+    """None when quack's fused MLP (a GEMM with the GELU in its epilogue, and the GELU's gradient in the epilogue of
+    the backward's GEMM) imports, else why not. quack-kernels comes with the `fa4` extra."""
+    try:
+        from quack.mlp import mlp_func  # noqa: F401
+    except Exception as e:  # an incomplete CUTLASS DSL install raises more than ImportError
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+MLP_KINDS = ("auto", "torch", "quack")
+
+
+def resolve_mlp(name: str, device: torch.device, half: bool, lora: bool) -> tuple[str, str]:
+    """(kind, why): the feed-forward kernels `name` stands for. Raises UserError for quack where it cannot run.
+    auto takes quack on sm90+ when it imports, for a half-precision full fine-tune (LoRA wraps the linears)."""
+    if name not in MLP_KINDS:
+        raise UserError(f"model.mlp={name!r}; choose one of {', '.join(MLP_KINDS)}")
+    if name == "torch":
+        return "torch", "torch (asked for)"
+    cuda = device.type == "cuda"
+    major = torch.cuda.get_device_capability(device)[0] if cuda else 0
+    if name == "auto":
+        why = ("not a CUDA device" if not cuda else f"sm{major}0 is older than Hopper" if major < 9
+               else "fp32 training" if not half else "LoRA adapters on the linears" if lora
+               else f"quack-kernels does not import ({quack_mlp_import_problem()})"
+               if quack_mlp_import_problem() is not None else "")
+        if why:
+            return "torch", f"torch (auto: {why})"
+        return "quack", f"quack (auto on sm{major}0: the GELU in the GEMMs' epilogues)"
+    if not cuda or major < 9:
+        raise UserError("model.mlp=quack needs a Hopper or newer GPU (sm90+); set model.mlp=auto or torch on this "
+                        "device")
+    if lora:
+        raise UserError("model.mlp=quack fuses the feed-forward's linears, which LoRA adapts; set model.mlp=auto or "
+                        "torch for train.mode=lora")
+    if quack_mlp_import_problem() is not None:
+        raise UserError(f"model.mlp=quack, but quack-kernels does not import ({quack_mlp_import_problem()}); "
+                        "pip install 'sd3cluster[fa4]', or set model.mlp=auto or torch")
+    return "quack", "quack (asked for)"
+
+
+def _fused_gelu_feed_forward(hidden_states: torch.Tensor, proj: nn.Linear, out: nn.Linear) -> torch.Tensor:
+    """out(gelu_tanh(proj(x))) as two quack GEMMs: the GELU runs in the first GEMM's epilogue (which also keeps the
+    pre-activation for the backward) and its gradient in the epilogue of the backward's GEMM, so no elementwise
+    kernel reads or writes the 4x-wide hidden activation. Half precision (autocast's dtype) like nn.Linear."""
+    from quack.mlp import mlp_func
+
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else hidden_states.dtype
+    bias1 = proj.bias.to(dtype) if proj.bias is not None else None
+    bias2 = out.bias.to(dtype) if out.bias is not None else None
+    return mlp_func(hidden_states, proj.weight, out.weight, "gelu_tanh_approx", bias1=bias1, bias2=bias2)
+
+
+def fuse_mlp(model: nn.Module) -> int:
+    """Run every tanh-GELU feed-forward of the transformer blocks through `_fused_gelu_feed_forward` (CUDA,
+    half precision; anything else keeps diffusers' forward). The modules and their parameter names stay as they
+    are, so checkpoints and exports do not change. Returns how many feed-forwards were fused."""
+    from diffusers.models.activations import GELU
+    from diffusers.models.attention import FeedForward
+
+    class FusedGeluFeedForward(FeedForward):
+        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            half = torch.is_autocast_enabled() or hidden_states.dtype in (torch.bfloat16, torch.float16)
+            plain = type(self.net[0].proj) is nn.Linear and type(self.net[2]) is nn.Linear  # not adapted
+            if not (hidden_states.is_cuda and half and plain):
+                return super().forward(hidden_states, *args, **kwargs)
+            return _fused_gelu_feed_forward(hidden_states, self.net[0].proj, self.net[2])
+
+    fused = 0
+    for module in model.modules():
+        if type(module) is not FeedForward or len(module.net) != 3:
+            continue
+        act, dropout = module.net[0], module.net[1]
+        if isinstance(act, GELU) and act.approximate == "tanh" and dropout.p == 0:
+            module.__class__ = FusedGeluFeedForward
+            fused += 1
+    return fused
 
 
 def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:

@@ -30,7 +30,9 @@ from .models import (
     build_transformer,
     convert_to_float8,
     count_parameters,
+    fuse_mlp,
     fuse_qkv,
+    resolve_mlp,
     text_dims,
     train_flops_per_image,
     transformer_description,
@@ -71,10 +73,14 @@ class Trainer:
         self.parameters_count = count_parameters(model)
         self.description = transformer_description(model, cfg.model.preset, cfg.model.fuse_qkv)
         self.attention, why = resolve_backend(cfg.model.attention, rt.device)
-        self.attention_note = f"attention: {why}" if cfg.model.fuse_qkv else \
+        attention_note = f"attention: {why}" if cfg.model.fuse_qkv else \
             "attention: diffusers' processor (model.fuse_qkv=false; model.attention applies to the fused model)"
         if cfg.model.fuse_qkv:
             fuse_qkv(model, attention_backend=self.attention)
+        self.mlp, mlp_why = resolve_mlp(cfg.model.mlp, rt.device, self.bf16, cfg.train.mode == "lora")
+        if self.mlp == "quack":
+            fuse_mlp(model)
+        self.kernel_note = f"{attention_note}; feed-forward: {mlp_why}"
         if cfg.model.float8 != "none":
             if not cuda:
                 raise UserError(f"model.float8={cfg.model.float8} needs a GPU with float8 tensor cores; set "
@@ -333,7 +339,7 @@ def train(cfg: Config, rt: Runtime) -> dict[str, Any]:
     log.note(f"model {cfg.model.preset}: {trainer.parameters_count:,} parameters; {rt.world} rank(s) on "
              f"{rt.device.type} ({rt.backend if rt.distributed else 'single process'}); parallel "
              f"{cfg.train.parallel if wrapped else 'none'}; global batch {trainer.global_micro * cfg.train.grad_accum}")
-    log.note(trainer.attention_note)
+    log.note(trainer.kernel_note)
     images_per_step = trainer.global_micro * cfg.train.grad_accum
     previewer = None
     if cfg.preview.every:

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import difflib
 import glob
-import importlib.util
 import ipaddress
 import posixpath
 import re
+import runpy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jinja2
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+# Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
 
 # Login and group names that useradd accepts everywhere (Debian's NAME_REGEX, at most 32 characters).
 POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -290,20 +293,12 @@ def cluster_variable_problems(variables, rules):
 
 def _topology():
     """The storage topology rules (module_utils/topology.py): one copy of the replica-set rule."""
-    path = Path(__file__).resolve().parents[1] / "module_utils" / "topology.py"
-    spec = importlib.util.spec_from_file_location("sd3_topology_rules", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("ansible/plugins/module_utils/topology.py")
 
 
 def _firewall_rules():
     """The firewall role's rules (firewall.py beside this file): one reading of what a network is."""
-    path = Path(__file__).with_name("firewall.py")
-    spec = importlib.util.spec_from_file_location("sd3_firewall_rules", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("ansible/plugins/filter/firewall.py")
 
 
 def admin_cidrs_problems(value):

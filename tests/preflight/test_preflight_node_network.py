@@ -89,12 +89,25 @@ def test_every_threshold_missed_is_listed_in_order():
 
 @pytest.mark.parametrize("threshold", ["8", 8.0])
 def test_thresholds_given_as_text_or_float_compare_as_numbers(threshold):
-    """-e min_cpu_cores=8 arrives as text; the role's argument spec accepts it, so the rule compares numbers."""
+    """-e preflight_min_cpu_cores=8 arrives as text; the role's argument spec accepts it, so the rule compares
+    numbers, read as the spec reads them."""
     assert node_problems(cpu_cores=8, min_cpu_cores=threshold) == []
     assert node_problems(cpu_cores=7, min_cpu_cores=threshold)[0].startswith(
         f"7 CPU cores, needs at least {threshold} (preflight_min_cpu_cores)")
     assert node_problems(gpus_per_node="8", nvidia_gpus=7)[0].startswith("7 NVIDIA GPU(s) on the PCI bus, the "
                                                                          "inventory promises 8")
+
+
+def test_switches_given_as_text_are_read_as_the_spec_reads_them():
+    assert node_problems(disk_rotational=True, require_ssd="no") == []
+    assert node_problems(disk_rotational=True, require_ssd="yes") != []
+    assert node_problems(nvidia_gpus=0, require_gpus="false") == []
+
+
+def test_a_value_the_argument_spec_refuses_is_not_read_as_zero():
+    """Jinja's int filter read 'lots' as 0, which no node misses; the spec stops it first, and the rule too."""
+    with pytest.raises(TypeError, match="'lots'"):
+        node_problems(min_cpu_cores="lots")
 
 
 # ping_peers.py from node a to its peers.

@@ -26,6 +26,7 @@ from pathlib import Path
 import jinja2
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.common.validation import check_type_bool, check_type_float, check_type_int
 
 # Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
 _load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
@@ -522,51 +523,33 @@ def inventory_problems(groups, hostvars, rules):
 # --------------------------------------------------------------------------------- one node and its network
 
 
-def _jinja_number(value, kind):
-    """Jinja's int and float filters: the number, or 0 for what is not one (the role's argument specs have
-    refused such a threshold before these rules run)."""
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        try:
-            return kind(float(value))
-        except (TypeError, ValueError):
-            return kind(0)
-
-
-def _jinja_bool(value):
-    """Jinja's (Ansible's) bool filter: true, 'yes', 'on', 'true', '1' and 1 are true; the rest is false."""
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
-
-
 def node_problems(node, host, groups, settings):
     """One problem per threshold this node misses, each naming the variable and the fix.
 
     node: the output of the role's probe_node.py (cpu_cores, memory_gb, disk_path, disk_free_gb, disk_device,
     disk_rotational, nvidia_gpus). settings: the role's thresholds without their preflight_ prefix (min_cpu_cores,
     min_memory_gb, data_path, min_free_disk_gb, require_ssd, require_gpus, min_gpus_per_node) and gpus_per_node,
-    the inventory's cluster_gpus_per_node for this host."""
+    the inventory's cluster_gpus_per_node for this host. A threshold is read as its argument spec reads it
+    (text from -e included); the spec has refused one that is not a number before these rules run."""
     problems = []
     min_cores = settings["min_cpu_cores"]
-    if node["cpu_cores"] < _jinja_number(min_cores, int):
+    if node["cpu_cores"] < check_type_int(min_cores):
         problems.append(f"{node['cpu_cores']} CPU cores, needs at least {min_cores} (preflight_min_cpu_cores): use a "
                         "larger machine or lower the threshold in group_vars")
     min_memory = settings["min_memory_gb"]
-    if node["memory_gb"] < _jinja_number(min_memory, float):
+    if node["memory_gb"] < check_type_float(min_memory):
         problems.append(f"{float(node['memory_gb']):.1f} GB of memory, needs at least {min_memory} "
                         "(preflight_min_memory_gb): add memory or lower the threshold")
     min_disk, data_path = settings["min_free_disk_gb"], settings["data_path"]
-    if node["disk_free_gb"] < _jinja_number(min_disk, float):
+    if node["disk_free_gb"] < check_type_float(min_disk):
         problems.append(f"{float(node['disk_free_gb']):.1f} GB free under {data_path} (checked at "
                         f"{node['disk_path']}), needs at least {min_disk} (preflight_min_free_disk_gb): free space, "
                         "point preflight_data_path at the data disk, or lower the threshold")
-    if _jinja_bool(settings["require_ssd"]) and node.get("disk_rotational") is True:
+    if check_type_bool(settings["require_ssd"]) and node.get("disk_rotational") is True:
         problems.append(f"the data disk under {data_path} ({node['disk_device']}) is a rotational disk "
                         "(preflight_require_ssd): put the data on an SSD or NVMe drive")
     gpu_node = host in (groups.get("gpu_nodes") or [])
-    promised = _jinja_number(settings.get("gpus_per_node") or 0, int)
+    promised = check_type_int(settings.get("gpus_per_node") or 0)
     min_gpus = settings["min_gpus_per_node"]
     if promised > 0 and gpu_node and node["nvidia_gpus"] < promised:
         # The inventory's promise is checked whatever preflight_require_gpus says: a node that lost a GPU is the
@@ -574,8 +557,8 @@ def node_problems(node, host, groups, settings):
         problems.append(f"{node['nvidia_gpus']} NVIDIA GPU(s) on the PCI bus, the inventory promises {promised} "
                         "(cluster_gpus_per_node): reseat or replace the missing GPUs (look for XID 79 in dmesg), or "
                         "correct cluster_gpus_per_node for this host")
-    elif (_jinja_bool(settings["require_gpus"]) and gpu_node
-          and node["nvidia_gpus"] < _jinja_number(min_gpus, int)):
+    elif (check_type_bool(settings["require_gpus"]) and gpu_node
+          and node["nvidia_gpus"] < check_type_int(min_gpus)):
         problems.append(f"{node['nvidia_gpus']} NVIDIA GPU(s) on the PCI bus, needs at least {min_gpus} "
                         "(preflight_min_gpus_per_node): check the GPUs are seated and enabled in the BIOS, or move "
                         "this host out of gpu_nodes")
@@ -597,7 +580,7 @@ def network_problems(pings, host, settings):
             problems.append(f"{pair}: no answer to ping: check that the node is up and that ICMP is allowed between "
                             "nodes")
         else:
-            if ping["rtt_avg_ms"] > _jinja_number(max_rtt, float):
+            if ping["rtt_avg_ms"] > check_type_float(max_rtt):
                 problems.append(f"{pair}: round trip {float(ping['rtt_avg_ms']):.3f} ms, above {max_rtt} ms "
                                 "(preflight_max_rtt_ms): put the nodes on one switch or raise the threshold")
             if not ping.get("mtu_ok"):

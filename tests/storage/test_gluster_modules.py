@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import importlib.util
+import runpy
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -11,10 +13,16 @@ DATA = Path(__file__).resolve().parent / "data"
 BRICKS3 = [f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (1, 2, 3)]
 
 
+_tree = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "source_tree.py"))
+# What Ansible does when it ships a module to a node: its module_utils imports find the project's files.
+MODULE_UTILS = {"ansible.module_utils.topology": _tree["load"]("ansible/plugins/module_utils/topology.py")}
+
+
 def load(name):
     spec = importlib.util.spec_from_file_location(name, REPO / "ansible" / "plugins" / "modules" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with mock.patch.dict("sys.modules", MODULE_UTILS):
+        spec.loader.exec_module(module)
     return module
 
 

@@ -8,19 +8,15 @@ ansible/plugins/modules/apt_packages.py.
 """
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import shlex
-import sys
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 
-_MODULE = Path(__file__).resolve().parents[1] / "module_utils" / "apt_rules.py"
-_spec = importlib.util.spec_from_file_location("sd3cluster_apt_rules", _MODULE)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_spec.name])
-apt_rules = sys.modules[_spec.name]
+# Action plugins cannot import module_utils: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+apt_rules = _load("ansible/plugins/module_utils/apt_rules.py")
 
 ARGUMENT_SPEC = {
     "name": {"type": "list", "elements": "str", "required": True},

@@ -10,19 +10,15 @@ ansible/plugins/modules/signed_apt_repository.py.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import posixpath
-import sys
+import runpy
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 
-_MODULE = Path(__file__).resolve().parents[1] / "module_utils" / "apt_rules.py"
-_spec = importlib.util.spec_from_file_location("sd3cluster_apt_rules", _MODULE)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_spec.name])
-apt_rules = sys.modules[_spec.name]
+# Action plugins cannot import module_utils: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+apt_rules = _load("ansible/plugins/module_utils/apt_rules.py")
 
 ARGUMENT_SPEC = {
     "name": {"type": "str", "required": True},

@@ -5,8 +5,7 @@ hardware_profiles.yaml); this file loads that module by path, so the control mac
 own dependency) and not the package, and the playbooks and `sd3cluster verify` can never disagree.
 """
 
-import importlib.util
-import sys
+import runpy
 from pathlib import Path
 
 try:
@@ -14,12 +13,8 @@ try:
 except ImportError:  # the unit tests also run without Ansible
     _FilterError = ValueError
 
-_MODULE = Path(__file__).resolve().parents[3] / "workloads" / "src" / "sd3cluster" / "hardware.py"
-_spec = importlib.util.spec_from_file_location("sd3cluster_hardware_rules", _MODULE)
-hardware = importlib.util.module_from_spec(_spec)
-# dataclasses look their module up in sys.modules while the class is made.
-sys.modules[_spec.name] = hardware
-_spec.loader.exec_module(hardware)
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+hardware = _load("workloads/src/sd3cluster/hardware.py")
 
 
 def _guarded(function):

@@ -1,8 +1,10 @@
-"""Preflight's rules for the inventory as a whole, as Jinja filters.
+"""Preflight's rules, as Jinja filters: the inventory as a whole, then each node and its network.
 
 The preflight role (roles/preflight/tasks/inventory.yml) and the day-2 playbooks' first play
-(ansible/playbooks/day2/inputs.yml) call these before any node is changed. Each returns a list of problems,
-one sentence each, naming the host, the variable and the fix; an empty list means the inventory may go on.
+(ansible/playbooks/day2/inputs.yml) call the inventory rules before any node is changed; the role's node and
+network checks (tasks/node.yml, tasks/network.yml) hold each node's probe and pings to its thresholds. Each
+returns a list of problems, one sentence each, naming the host, the variable and the fix; an empty list means
+the inventory, the node or the network may go on.
 The roles' own checks (meta/argument_specs.yml, tasks/validate.yml) stay as a second line.
 
 The variables this project knows are read from the roles' meta/argument_specs.yml files and the day-2
@@ -14,16 +16,20 @@ from __future__ import annotations
 
 import difflib
 import glob
-import importlib.util
 import ipaddress
 import posixpath
 import re
+import runpy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jinja2
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.common.validation import check_type_bool, check_type_float, check_type_int
+
+# Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
 
 # Login and group names that useradd accepts everywhere (Debian's NAME_REGEX, at most 32 characters).
 POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -290,20 +296,12 @@ def cluster_variable_problems(variables, rules):
 
 def _topology():
     """The storage topology rules (module_utils/topology.py): one copy of the replica-set rule."""
-    path = Path(__file__).resolve().parents[1] / "module_utils" / "topology.py"
-    spec = importlib.util.spec_from_file_location("sd3_topology_rules", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("ansible/plugins/module_utils/topology.py")
 
 
 def _firewall_rules():
     """The firewall role's rules (firewall.py beside this file): one reading of what a network is."""
-    path = Path(__file__).with_name("firewall.py")
-    spec = importlib.util.spec_from_file_location("sd3_firewall_rules", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("ansible/plugins/filter/firewall.py")
 
 
 def admin_cidrs_problems(value):
@@ -522,6 +520,76 @@ def inventory_problems(groups, hostvars, rules):
     return problems
 
 
+# --------------------------------------------------------------------------------- one node and its network
+
+
+def node_problems(node, host, groups, settings):
+    """One problem per threshold this node misses, each naming the variable and the fix.
+
+    node: the output of the role's probe_node.py (cpu_cores, memory_gb, disk_path, disk_free_gb, disk_device,
+    disk_rotational, nvidia_gpus). settings: the role's thresholds without their preflight_ prefix (min_cpu_cores,
+    min_memory_gb, data_path, min_free_disk_gb, require_ssd, require_gpus, min_gpus_per_node) and gpus_per_node,
+    the inventory's cluster_gpus_per_node for this host. A threshold is read as its argument spec reads it
+    (text from -e included); the spec has refused one that is not a number before these rules run."""
+    problems = []
+    min_cores = settings["min_cpu_cores"]
+    if node["cpu_cores"] < check_type_int(min_cores):
+        problems.append(f"{node['cpu_cores']} CPU cores, needs at least {min_cores} (preflight_min_cpu_cores): use a "
+                        "larger machine or lower the threshold in group_vars")
+    min_memory = settings["min_memory_gb"]
+    if node["memory_gb"] < check_type_float(min_memory):
+        problems.append(f"{float(node['memory_gb']):.1f} GB of memory, needs at least {min_memory} "
+                        "(preflight_min_memory_gb): add memory or lower the threshold")
+    min_disk, data_path = settings["min_free_disk_gb"], settings["data_path"]
+    if node["disk_free_gb"] < check_type_float(min_disk):
+        problems.append(f"{float(node['disk_free_gb']):.1f} GB free under {data_path} (checked at "
+                        f"{node['disk_path']}), needs at least {min_disk} (preflight_min_free_disk_gb): free space, "
+                        "point preflight_data_path at the data disk, or lower the threshold")
+    if check_type_bool(settings["require_ssd"]) and node.get("disk_rotational") is True:
+        problems.append(f"the data disk under {data_path} ({node['disk_device']}) is a rotational disk "
+                        "(preflight_require_ssd): put the data on an SSD or NVMe drive")
+    gpu_node = host in (groups.get("gpu_nodes") or [])
+    promised = check_type_int(settings.get("gpus_per_node") or 0)
+    min_gpus = settings["min_gpus_per_node"]
+    if promised > 0 and gpu_node and node["nvidia_gpus"] < promised:
+        # The inventory's promise is checked whatever preflight_require_gpus says: a node that lost a GPU is the
+        # common case (XID 79, fallen off the bus), and training would start with fewer ranks than planned.
+        problems.append(f"{node['nvidia_gpus']} NVIDIA GPU(s) on the PCI bus, the inventory promises {promised} "
+                        "(cluster_gpus_per_node): reseat or replace the missing GPUs (look for XID 79 in dmesg), or "
+                        "correct cluster_gpus_per_node for this host")
+    elif (check_type_bool(settings["require_gpus"]) and gpu_node
+          and node["nvidia_gpus"] < check_type_int(min_gpus)):
+        problems.append(f"{node['nvidia_gpus']} NVIDIA GPU(s) on the PCI bus, needs at least {min_gpus} "
+                        "(preflight_min_gpus_per_node): check the GPUs are seated and enabled in the BIOS, or move "
+                        "this host out of gpu_nodes")
+    return problems
+
+
+def network_problems(pings, host, settings):
+    """One problem per pair from host that fails, each naming the pair, the variable and the fix.
+
+    pings: the output of the role's ping_peers.py, one report per peer (peer, address, reachable, rtt_avg_ms,
+    mtu_payload, mtu_ok, error). settings: max_rtt_ms (preflight_max_rtt_ms) and mtu (cluster_mtu)."""
+    problems = []
+    max_rtt, mtu = settings["max_rtt_ms"], settings["mtu"]
+    for ping in pings:
+        pair = f"{host} -> {ping['peer']} ({ping['address']})"
+        if ping.get("error"):
+            problems.append(f"{pair}: {ping['error']}")
+        elif not ping.get("reachable"):
+            problems.append(f"{pair}: no answer to ping: check that the node is up and that ICMP is allowed between "
+                            "nodes")
+        else:
+            if ping["rtt_avg_ms"] > check_type_float(max_rtt):
+                problems.append(f"{pair}: round trip {float(ping['rtt_avg_ms']):.3f} ms, above {max_rtt} ms "
+                                "(preflight_max_rtt_ms): put the nodes on one switch or raise the threshold")
+            if not ping.get("mtu_ok"):
+                problems.append(f"{pair}: a ping of {ping['mtu_payload']} bytes with don't-fragment (cluster_mtu {mtu} "
+                                f"minus 28) did not pass: set MTU {mtu} on both interfaces and the switch ports, or "
+                                "lower cluster_mtu")
+    return problems
+
+
 # ------------------------------------------------------------------------------------------------ day 2
 
 
@@ -556,4 +624,5 @@ def day2_problems(knobs, targets, play_hosts):
 class FilterModule:
     def filters(self):
         return {"preflight_inventory_problems": inventory_problems, "preflight_day2_problems": day2_problems,
-                "preflight_unknown_variables": unknown_variable_problems, "preflight_known_variables": known_variables}
+                "preflight_unknown_variables": unknown_variable_problems, "preflight_known_variables": known_variables,
+                "preflight_node_problems": node_problems, "preflight_network_problems": network_problems}

@@ -2,23 +2,13 @@
 replica-set rule for roles, playbooks, the gluster modules and preflight)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
+import runpy
 from pathlib import Path
 
-
-def _load(name: str, path: Path):
-    """A rules file of this tree by its path, once per process (Ansible loads filter files under names of its own)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_HERE = Path(__file__).resolve()
-topology = _load("sd3cluster_topology", _HERE.parents[1] / "module_utils" / "topology.py")
-_network = _load("sd3cluster_cluster_network", _HERE.with_name("cluster_network.py"))
+# Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+topology = _load("ansible/plugins/module_utils/topology.py")
+_network = _load("ansible/plugins/filter/cluster_network.py")
 cluster_address = _network.cluster_address
 is_ip_address = _network.is_ip_address
 

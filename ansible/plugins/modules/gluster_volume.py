@@ -7,6 +7,10 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+# The replica rule and the XML reader live in module_utils/topology.py, shared with the filters, preflight,
+# the local cluster and the cloud inventory. Ansible ships it with the module.
+from ansible.module_utils.topology import GlusterError, parse_volume_info, sets_sharing_a_server, whole_replica_sets
+
 DOCUMENTATION = r"""
 ---
 module: gluster_volume
@@ -88,22 +92,6 @@ warnings_found:
   type: list
   returned: always
 """
-
-# The replica rule and the XML reader live in module_utils/topology.py, shared with the filters, preflight,
-# the local cluster and the cloud inventory. Ansible ships it with the module; a test loading this file by
-# path finds it next door.
-try:
-    from ansible.module_utils.topology import GlusterError, parse_volume_info, sets_sharing_a_server, whole_replica_sets
-except ImportError:  # pragma: no cover - only when this file is loaded outside Ansible
-    import importlib.util as _util
-    from pathlib import Path as _Path
-    _spec = _util.spec_from_file_location(
-        "sd3cluster_topology", _Path(__file__).resolve().parents[1] / "module_utils" / "topology.py")
-    _topology = _util.module_from_spec(_spec)
-    _spec.loader.exec_module(_topology)
-    GlusterError, parse_volume_info = _topology.GlusterError, _topology.parse_volume_info
-    sets_sharing_a_server, whole_replica_sets = _topology.sets_sharing_a_server, _topology.whole_replica_sets
-
 
 def option_value(value):
     """How gluster stores an option value: YAML booleans as on/off, everything else as its string."""

@@ -13,10 +13,10 @@ Everything this tool creates carries the label io.sd3-cluster.owned=true and not
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import ipaddress
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -242,11 +242,8 @@ def host_keys(index: int, timeout: float = 60) -> list[str]:
 def _topology():
     """The repository's storage topology rules (ansible/plugins/module_utils/topology.py), loaded by path:
     the same replica-set rule the roles and preflight apply."""
-    path = Path(__file__).resolve().parents[1] / "ansible" / "plugins" / "module_utils" / "topology.py"
-    spec = importlib.util.spec_from_file_location("sd3_topology_rules", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    loader = Path(__file__).resolve().parents[1] / "ansible" / "plugins" / "module_utils" / "source_tree.py"
+    return runpy.run_path(str(loader))["load"]("ansible/plugins/module_utils/topology.py")
 
 
 def layout(count: int) -> dict[str, list[str]]:

@@ -2,17 +2,16 @@
 dpkg-query printed on a Debian 12 node, key fingerprints checked against gpg's, and deb822 sources."""
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-RULES = Path(__file__).resolve().parents[2] / "ansible" / "plugins" / "module_utils" / "apt_rules.py"
-spec = importlib.util.spec_from_file_location("apt_rules_under_test", RULES)
-apt_rules = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(apt_rules)
+REPO = Path(__file__).resolve().parents[2]
+_load = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
+apt_rules = _load("ansible/plugins/module_utils/apt_rules.py")
 
 # `dpkg-query --show --showformat='${Package} ${db:Status-Abbrev}\n' chrony sudo nfs-common gone half`
 # (nfs-common removed with its configuration left, half failed to configure; "gone" is unknown, so absent).

@@ -1,16 +1,14 @@
 """os_vars_files: a role's OS vars files fall back distribution-version -> distribution -> family -> main."""
 
-import importlib.util
 import itertools
+import runpy
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "ansible" / "plugins" / "filter" / "os_vars.py"
-spec = importlib.util.spec_from_file_location("os_vars_filter", PLUGIN)
-os_vars = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(os_vars)
+_load = runpy.run_path(str(ROOT / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
+os_vars = _load("ansible/plugins/filter/os_vars.py")
 
 
 @pytest.mark.parametrize(("facts", "expected"), [

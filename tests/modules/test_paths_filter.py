@@ -1,14 +1,13 @@
 """path_kind_problem: "does not exist" only when nothing is there; otherwise what is there instead."""
 
-import importlib.util
+import runpy
 from pathlib import Path
 
 import pytest
 
-PLUGIN = Path(__file__).resolve().parents[2] / "ansible" / "plugins" / "filter" / "paths.py"
-spec = importlib.util.spec_from_file_location("paths_filter", PLUGIN)
-paths = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(paths)
+REPO = Path(__file__).resolve().parents[2]
+_load = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
+paths = _load("ansible/plugins/filter/paths.py")
 
 ABSENT = {"exists": False}
 FOLDER = {"exists": True, "isdir": True, "isreg": False, "executable": True}

@@ -3,12 +3,11 @@ rule names is one that our collectors or node_exporter (recorded from the molecu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
+import runpy
 import shutil
 import subprocess
-import sys
 
 import jinja2
 import pytest
@@ -58,11 +57,8 @@ def emitted(gpu, training, slurm, gluster, textfile, tmp_path_factory):
     backup_script = (REPO / "roles" / "backup" / "files" / "sd3_backup.py").read_text()
     names |= set(re.findall(r'metrics\.add\("(sd3_backup\w+)"', backup_script))
     # The node_health role's check writes its metrics with the same textfile writer.
-    spec = importlib.util.spec_from_file_location("sd3_node_health", REPO / "roles" / "node_health" / "files" /
-                                                  "sd3_node_health.py")
-    health = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = health
-    spec.loader.exec_module(health)
+    health = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"](
+        "roles/node_health/files/sd3_node_health.py")
     results = [health.Result("free_disk", health.FAIL, ""), health.Result("nvlink", health.SKIP, "")]
     names |= set(parse(health.metrics(results, {"health_check": 1, "admin": 0}, 0.0)))
     names |= {line.split()[0] for line in (FIXTURES / "node_exporter_metric_names.txt").read_text().splitlines()

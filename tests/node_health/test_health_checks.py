@@ -3,8 +3,8 @@ Slurm rule: drain on failure, resume its own drains, leave an admin's alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import runpy
 import sys
 from pathlib import Path
 
@@ -14,11 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # The role installs the monitoring role's sd3_textfile.py beside the script; the tests import it from there.
 sys.path.insert(0, str(ROOT / "roles" / "monitoring" / "files" / "collectors"))
-_spec = importlib.util.spec_from_file_location("sd3_node_health", ROOT / "roles" / "node_health" / "files" /
-                                               "sd3_node_health.py")
-nh = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = nh
-_spec.loader.exec_module(nh)
+_load = runpy.run_path(str(ROOT / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
+nh = _load("roles/node_health/files/sd3_node_health.py")
 
 FATAL = [48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140]
 

@@ -1,17 +1,15 @@
 """The rules of ansible/plugins/filter/preflight.py, called directly: each bad input gives a problem that names
 the variable (and, for a misspelt name, the closest declared one); good inputs give none."""
 
-import importlib.util
+import runpy
 from pathlib import Path
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN = REPO / "ansible" / "plugins" / "filter" / "preflight.py"
-spec = importlib.util.spec_from_file_location("preflight_filter", PLUGIN)
-pf = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pf)
+_load = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
+pf = _load("ansible/plugins/filter/preflight.py")
 
 SPEC_FILES = [str(REPO / "roles" / "*" / "meta" / "argument_specs.yml"),
               str(REPO / "ansible" / "playbooks" / "day2" / "argument_specs.yml")]

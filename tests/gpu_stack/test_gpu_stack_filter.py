@@ -14,7 +14,8 @@ spec.loader.exec_module(gpu_stack)
 FINGERPRINT = "EB69 3B30 35CD 5710 E231  E123 A4B4 6996 3BF8 63CC"
 DRIVER = {"system": "Ubuntu 24", "distribution": "Ubuntu", "branch": "570", "version": "", "source": "distribution",
           "distribution_branch": "570", "fabricmanager": False,
-          "distribution_fabricmanager_package": "nvidia-fabricmanager-570", "cuda_repo_key_fingerprint": FINGERPRINT}
+          "distribution_fabricmanager_package": "nvidia-fabricmanager-570", "cuda_repo_key_fingerprint": FINGERPRINT,
+          "device_mode": "0660"}
 
 
 def driver(**changes):
@@ -61,6 +62,17 @@ def test_driver_fingerprint():
         "documentation"]
     # Only read for the CUDA repository.
     assert driver(cuda_repo_key_fingerprint="ABCD") == []
+
+
+def test_driver_device_mode():
+    assert driver(device_mode="660") == [] and driver(device_mode="0640") == []
+    assert driver(device_mode="0668") == ["nvidia_driver_gpu_device_mode is '0668': write it as a quoted octal string "
+                                          "such as \"0660\""]
+    assert driver(device_mode="rw-rw----") == ["nvidia_driver_gpu_device_mode is 'rw-rw----': write it as a quoted "
+                                               "octal string such as \"0660\""]
+    # An unquoted 0660 in YAML 1.1 arrives as 432.
+    assert driver(device_mode=432) == ["nvidia_driver_gpu_device_mode is the number 432, not a string: quote it, "
+                                       "e.g. \"0660\" (YAML reads an unquoted 0660 as 432)"]
 
 
 def gpu(index, version="570.133.20", persistence="Enabled", ecc="Enabled"):

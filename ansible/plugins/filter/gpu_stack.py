@@ -9,6 +9,7 @@ import re
 
 _BRANCH = re.compile(r"^[0-9]{3}$")
 _TOOLKIT_VERSION = re.compile(r"^[0-9]+\.[0-9]+$")
+_MODE = re.compile(r"^0?[0-7]{3}$")
 
 
 def _text(value):
@@ -40,7 +41,7 @@ def _of_branch(version, branch):
 def nvidia_driver_settings_problems(settings):
     """Driver settings that cannot work on this node. `settings`: system (e.g. 'Debian 12'), distribution
     (ansible_distribution), branch (the resolved branch), version, source, distribution_branch, fabricmanager,
-    distribution_fabricmanager_package, cuda_repo_key_fingerprint."""
+    distribution_fabricmanager_package, cuda_repo_key_fingerprint, device_mode."""
     problems = []
     system = _text(settings.get("system"))
     branch = _text(settings.get("branch"))
@@ -64,6 +65,14 @@ def nvidia_driver_settings_problems(settings):
     if source == "cuda_repo" and len(re.sub(r"\s", "", fingerprint)) != 40:
         problems.append(f"nvidia_driver_cuda_repo_key_fingerprint '{fingerprint}' is not a 40-digit OpenPGP "
                         "fingerprint: copy it from NVIDIA's documentation")
+    device_mode = settings.get("device_mode")
+    if not isinstance(device_mode, str):
+        # YAML reads an unquoted 0660 as the number 432, which would pass as mode 0432.
+        problems.append(f"nvidia_driver_gpu_device_mode is the number {device_mode}, not a string: quote it, "
+                        "e.g. \"0660\" (YAML reads an unquoted 0660 as 432)")
+    elif not _MODE.match(device_mode):
+        problems.append(f"nvidia_driver_gpu_device_mode is '{device_mode}': write it as a quoted octal string such "
+                        "as \"0660\"")
     return problems
 
 

@@ -2,17 +2,12 @@
 an empty list means fine. Unit-tested in tests/storage/test_nfs_server_filter.py."""
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
+import runpy
 from pathlib import Path
 
-_NAME = "sd3cluster_cluster_network"  # the name topology.py loads it under: one copy per process
-if _NAME not in sys.modules:
-    _spec = importlib.util.spec_from_file_location(_NAME, Path(__file__).resolve().with_name("cluster_network.py"))
-    sys.modules[_NAME] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_NAME])
-_network = sys.modules[_NAME]
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+_network = _load("ansible/plugins/filter/cluster_network.py")
 
 _EVERYONE = ("*", "0.0.0.0/0", "::/0")
 _NUMBER = re.compile(r"^[0-9]+$")

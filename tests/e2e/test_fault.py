@@ -1,6 +1,6 @@
 """A node lost in the middle of training (the fault test), on the converged local cluster.
 
-The training job of the slurm role's sbatch template runs on every gpu_node; once it has a complete
+The training job of the sd3_job role's sbatch template runs on every gpu_node; once it has a complete
 checkpoint, the last gpu_node's container is killed (as a crashed server). Slurm requeues the job
 (SlurmdTimeout, 30 s in inventories/local, or the job itself when its step fails first); it waits for
 its nodes, the container is started again, and the job must resume from its last complete checkpoint

@@ -1,4 +1,4 @@
-"""Batch generation through Slurm on the converged local cluster: the slurm role's sbatch template with
+"""Batch generation through Slurm on the converged local cluster: the sd3_job role's sbatch template with
 SD3_COMMAND=generate on every gpu_node writes every image of a prompt file once, with its manifest, into the
 job's run folder on the shared volume; the monitoring collector reads the job's progress there.
 Runs after site.yml (test_local_cluster.py), in `make e2e-full`.

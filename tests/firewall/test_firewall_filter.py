@@ -78,6 +78,18 @@ def test_a_gpu_node_opens_slurmd_and_the_rendezvous_and_no_head_service():
     assert not {"prometheus", "slurmctld", "glusterd", "chrony"} & set(gpu)  # gpu2 holds no brick
 
 
+def test_tensorboard_opens_on_the_head_only_when_its_role_is_switched_on():
+    assert services("head", tensorboard_enabled=True)["tensorboard"] == [(6006, 6006)]
+    assert services("head", tensorboard_enabled=True, tensorboard_port=6106)["tensorboard"] == [(6106, 6106)]
+    assert "tensorboard" not in services("gpu1", tensorboard_enabled=True)
+
+
+def test_the_rendezvous_follows_the_job_roles_group_and_port():
+    moved = services("head", sd3_job_compute_group="head", sd3_job_rdzv_port=29500)
+    assert moved["torchrun-rendezvous"] == [(29500, 29500)]
+    assert "torchrun-rendezvous" not in services("gpu1", sd3_job_compute_group="head")
+
+
 def test_a_port_the_inventory_sets_wins_over_the_role_default():
     assert services("head", monitoring_prometheus_port=9091)["prometheus"] == [(9091, 9091)]
     assert services("head", glusterfs_brick_port_range=[50000, 50100])["glusterfs-bricks"] == [(50000, 50100)]

@@ -45,7 +45,7 @@ def test_newest_run_is_reported(training, textfile, tmp_path):
 
 
 def test_checkpoints_apart_from_the_run_as_the_sbatch_template_puts_them(training, textfile, tmp_path):
-    """slurm's train-sd3.sbatch: output.dir=<shared>/runs/<run>, checkpoint.dir=<shared>/checkpoints/<run>."""
+    """sd3_job's train-sd3.sbatch: output.dir=<shared>/runs/<run>, checkpoint.dir=<shared>/checkpoints/<run>."""
     _write_run(tmp_path / "runs", "train-sd3-42", 3)
     ckpt = tmp_path / "checkpoints" / "train-sd3-42"
     ckpt.mkdir(parents=True)

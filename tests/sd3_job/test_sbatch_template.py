@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "roles" / "slurm" / "templates" / "train-sd3.sbatch.j2"
-DEFAULTS = yaml.safe_load((ROOT / "roles" / "slurm" / "defaults" / "main.yml").read_text())
+TEMPLATE = ROOT / "roles" / "sd3_job" / "templates" / "train-sd3.sbatch.j2"
+DEFAULTS = yaml.safe_load((ROOT / "roles" / "sd3_job" / "defaults" / "main.yml").read_text())
 
 
 def render(nodes: dict[str, tuple[int, str]], **overrides) -> str:
@@ -19,8 +19,8 @@ def render(nodes: dict[str, tuple[int, str]], **overrides) -> str:
     # Ansible renders templates with trim_blocks on; StrictUndefined stops on a variable the template lacks.
     env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     variables = {key: value for key, value in DEFAULTS.items() if "{{" not in str(value)}
-    variables.update(ansible_managed="managed", slurm_cluster_name="c", slurm_job_shared_path="/shared",
-                     slurm_compute_group="gpu_nodes", groups={"gpu_nodes": list(nodes)},
+    variables.update(ansible_managed="managed", cluster_name="c", sd3_job_shared_path="/shared",
+                     sd3_job_compute_group="gpu_nodes", groups={"gpu_nodes": list(nodes)},
                      hostvars={n: {"__slurm_gpus": g, "__slurm_gres": f" {mode} "} for n, (g, mode) in nodes.items()})
     variables.update(overrides)
     return env.from_string(TEMPLATE.read_text()).render(**variables)
@@ -56,10 +56,10 @@ def test_nodes_without_gpus_run_one_process_and_ask_for_none():
 
 
 def test_explicit_numbers_win():
-    text = render({"gpu01": (8, "nvml")}, slurm_job_gpus_per_node=2, slurm_job_procs_per_node=2)
+    text = render({"gpu01": (8, "nvml")}, sd3_job_gpus_per_node=2, sd3_job_procs_per_node=2)
     assert "#SBATCH --gpus-per-node=2\n" in text
     assert procs_line(text) == "procs_per_node=${SD3_PROCS_PER_NODE:-2}"
-    assert "--gpus-per-node" not in render({"gpu01": (8, "nvml")}, slurm_job_gpus_per_node=0)
+    assert "--gpus-per-node" not in render({"gpu01": (8, "nvml")}, sd3_job_gpus_per_node=0)
 
 
 @pytest.mark.parametrize("nodes", [{"gpu01": (8, "nvml")}, {"n1": (0, "none")}])
@@ -71,24 +71,24 @@ def test_the_rendered_job_is_valid_bash(nodes, tmp_path):
 
 
 def test_the_default_job_config_is_a_real_one():
-    config = DEFAULTS["slurm_job_config"]
+    config = DEFAULTS["sd3_job_config"]
     assert config["model"] == {"preset": "sd3-medium", "compile": True}
     assert config["train"]["precision"] == "bf16" and config["data"]["resolution"] == 1024
-    local = yaml.safe_load((ROOT / "inventories" / "local" / "group_vars" / "all" / "slurm.yml").read_text())
-    assert local["slurm_job_config"]["model"]["preset"] == "tiny"
+    local = yaml.safe_load((ROOT / "inventories" / "local" / "group_vars" / "all" / "sd3_job.yml").read_text())
+    assert local["sd3_job_config"]["model"]["preset"] == "tiny"
 
 
 def test_job_configs_are_valid_sd3cluster_configs(tmp_path):
     """The training and generation configs the role installs, default and local, as `sd3cluster` reads them."""
     from sd3cluster.config import load_config
 
-    local = yaml.safe_load((ROOT / "inventories" / "local" / "group_vars" / "all" / "slurm.yml").read_text())
-    for name, tree in [("default-train", DEFAULTS["slurm_job_config"]),
-                       ("default-generate", DEFAULTS["slurm_job_generate_config"]),
-                       ("local-train", local["slurm_job_config"]),
-                       ("local-generate", local["slurm_job_generate_config"]),
-                       ("default-prepare", DEFAULTS["slurm_job_prepare_config"]),
-                       ("local-prepare", local["slurm_job_prepare_config"])]:
+    local = yaml.safe_load((ROOT / "inventories" / "local" / "group_vars" / "all" / "sd3_job.yml").read_text())
+    for name, tree in [("default-train", DEFAULTS["sd3_job_config"]),
+                       ("default-generate", DEFAULTS["sd3_job_generate_config"]),
+                       ("local-train", local["sd3_job_config"]),
+                       ("local-generate", local["sd3_job_generate_config"]),
+                       ("default-prepare", DEFAULTS["sd3_job_prepare_config"]),
+                       ("local-prepare", local["sd3_job_prepare_config"])]:
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(tree))
         load_config(path)  # raises ConfigError naming the key when the role's default is wrong
@@ -118,7 +118,7 @@ def _job_prelude(text: str) -> str:
 def test_each_command_gets_its_config_and_output_folder(command, config, extra, tmp_path):
     """Runs the rendered script's first part with bash, as sbatch would, and reads what it chose."""
     script = tmp_path / "job.sh"
-    script.write_text(_job_prelude(render({"gpu01": (8, "nvml")}, slurm_job_shared_path=str(tmp_path / "s")))
+    script.write_text(_job_prelude(render({"gpu01": (8, "nvml")}, sd3_job_shared_path=str(tmp_path / "s")))
                       + 'echo "$config|${extra[*]}|$*"\n')
     env = {"PATH": "/usr/bin:/bin", "SD3_COMMAND": command, "SLURM_JOB_NAME": "sd3-x", "SLURM_JOB_ID": "7"}
     done = subprocess.run(["bash", str(script), "", "--images", "/data"], capture_output=True, text=True, env=env,
@@ -129,7 +129,22 @@ def test_each_command_gets_its_config_and_output_folder(command, config, extra, 
 
 
 def test_an_unknown_command_stops_the_job_with_the_list():
-    text = _job_prelude(render({"gpu01": (8, "nvml")}, slurm_job_shared_path="/nonexistent/s"))
+    text = _job_prelude(render({"gpu01": (8, "nvml")}, sd3_job_shared_path="/nonexistent/s"))
     env = {"PATH": "/usr/bin:/bin", "SD3_COMMAND": "prep", "SLURM_JOB_NAME": "j", "SLURM_JOB_ID": "1"}
     done = subprocess.run(["bash", "-c", text, "job"], capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 2 and "use train, verify, generate or prepare" in done.stderr
+
+
+@pytest.mark.parametrize("config_line, wait", [("SlurmdTimeout           = 30 sec", 60), ("", 330)])
+def test_a_silent_node_is_waited_for_as_long_as_slurmctld_takes_to_mark_it_down(config_line, wait, tmp_path):
+    """The wait comes from slurmctld's own SlurmdTimeout (the scheduler's setting), 300 s where it says none."""
+    lines = render({"gpu01": (8, "nvml")}).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("slurmd_timeout="))
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho 'SlurmctldTimeout        = 120 sec'\necho '{config_line}'\n")
+    scontrol.chmod(0o755)
+    script = "\n".join(line.strip() for line in lines[start:start + 2]) + '\necho "$wait_down"\n'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(wait)

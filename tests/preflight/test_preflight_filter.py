@@ -14,7 +14,7 @@ pf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pf)
 
 SPEC_FILES = [str(REPO / "roles" / "*" / "meta" / "argument_specs.yml"),
-              str(REPO / "ansible" / "playbooks" / "day2" / "argument_specs.yml")]
+              str(REPO / "roles" / "day2" / "meta" / "argument_specs.yml")]
 RULES = {"storage_backends": ["glusterfs", "nfs", "fsx_lustre", "efs"], "mtu_range": [1280, 9216],
          "required_groups": ["head", "gpu_nodes", "storage_nodes"], "id_range": [1000, 59999],
          "spec_files": SPEC_FILES}

@@ -75,7 +75,7 @@ def known_variables(spec_files):
 
     A spec file is either a role's meta/argument_specs.yml (its role's name, the folder above meta, is a
     prefix) or a playbook spec whose entry points are the prefixes (scale_out, remove_node, ...)."""
-    names, prefixes = set(), {"cluster"}
+    names, prefixes = set(), {"cluster", "scale_out", "remove_node", "rolling_upgrade"}  # day2 role: playbook-named knobs
     for path in spec_paths(spec_files):
         entries = read_specs([path])
         for options in entries.values():

@@ -12,8 +12,7 @@ from spec_variables import REPO, Scope, expression_reads, load_yaml, role_scope,
 
 ROLES = sorted(path for path in (REPO / "roles").iterdir() if (path / "meta" / "argument_specs.yml").is_file())
 DAY2_SPEC = REPO / "roles" / "day2" / "meta" / "argument_specs.yml"
-# The day2 role's knobs are named after the playbook that reads them (remove_nodes, rolling_upgrade_batch).
-DAY2_PREFIXES = {"day2", "scale_out", "remove_node", "rolling_upgrade"}
+DAY2_PREFIXES = {"day2"}
 PREFIXES = {role.name for role in ROLES} | {"cluster"} | DAY2_PREFIXES
 
 
@@ -30,9 +29,10 @@ def test_role_reads_only_variables_with_a_value(role):
 
 def test_day2_knobs_are_declared_by_the_day2_role():
     options = spec_options(DAY2_SPEC)
-    for name in ("scale_out_nodes", "remove_nodes", "remove_node_drain_timeout", "remove_node_brick_targets",
-                 "remove_node_services", "rolling_upgrade_hosts", "rolling_upgrade_batch", "rolling_upgrade_reboot",
-                 "rolling_upgrade_drain_timeout", "rolling_upgrade_reboot_timeout", "day2_marker_path", "day2_marker_groups"):
+    for name in ("day2_scale_out_nodes", "day2_remove_nodes", "day2_remove_node_drain_timeout", "day2_remove_node_brick_targets",
+                 "day2_remove_node_services", "day2_rolling_upgrade_hosts", "day2_rolling_upgrade_batch", "day2_rolling_upgrade_reboot",
+                 "day2_rolling_upgrade_drain_timeout", "day2_rolling_upgrade_reboot_timeout", "day2_marker_path",
+                 "day2_marker_groups"):
         assert name in options, f"roles/day2/meta/argument_specs.yml does not declare {name}"
 
 
@@ -51,7 +51,7 @@ def test_day2_and_verify_playbooks_read_knobs_with_their_spec_defaults():
     for path in playbooks:
         for play in load_yaml(path):
             scan_tasks([play], str(path.relative_to(REPO)), scope)
-    assert any(read.name == "rolling_upgrade_batch" for read in scope.reads)
+    assert any(read.name == "day2_rolling_upgrade_batch" for read in scope.reads)
     assert any(read.name == "verify_training" for read in scope.reads)
     options = spec_options(DAY2_SPEC) | spec_options(REPO / "roles" / "verify" / "meta" / "argument_specs.yml")
     assert unsafe_reads(scope, options, DAY2_PREFIXES | {"verify"}) == []

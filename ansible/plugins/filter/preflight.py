@@ -75,7 +75,7 @@ def known_variables(spec_files):
 
     A spec file is either a role's meta/argument_specs.yml (its role's name, the folder above meta, is a
     prefix) or a playbook spec whose entry points are the prefixes (scale_out, remove_node, ...)."""
-    names, prefixes = set(), {"cluster", "scale_out", "remove_node", "rolling_upgrade"}  # day2 role: playbook-named knobs
+    names, prefixes = set(), {"cluster"}
     for path in spec_paths(spec_files):
         entries = read_specs([path])
         for options in entries.values():
@@ -531,16 +531,16 @@ def day2_problems(knobs, targets, play_hosts):
     knobs: the day-2 variables as set ({name: value}); targets: {knob or pattern description: the inventory
     hosts it names}; play_hosts: the hosts this run may touch (after --limit)."""
     problems = []
-    batch = knobs.get("rolling_upgrade_batch")
+    batch = knobs.get("day2_rolling_upgrade_batch")
     if batch is not None:
         text = str(batch).strip()
         match = re.fullmatch(r"([0-9]+)(%?)", text)
         if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(1)) > 100):
-            problems.append(f"rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a percentage "
+            problems.append(f"day2_rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a percentage "
                             "from 1% to 100%, e.g. 25%")
     # A drain timeout of 0 means "do not wait for jobs"; a node cannot come back from a reboot in 0 s.
-    for knob, least in (("rolling_upgrade_drain_timeout", 0), ("remove_node_drain_timeout", 0),
-                        ("rolling_upgrade_reboot_timeout", 1)):
+    for knob, least in (("day2_rolling_upgrade_drain_timeout", 0), ("day2_remove_node_drain_timeout", 0),
+                        ("day2_rolling_upgrade_reboot_timeout", 1)):
         if knobs.get(knob) is not None and (_int(knobs[knob]) is None or _int(knobs[knob]) < least):
             problems.append(f"{knob} is {knobs[knob]!r}: give a number of seconds, {least} or more")
     for what, hosts in targets.items():

@@ -1,13 +1,13 @@
 """Preflight's rules for the inventory as a whole, as Jinja filters.
 
 The preflight role (roles/preflight/tasks/inventory.yml) and the day-2 playbooks' first play
-(ansible/playbooks/day2/inputs.yml) call these before any node is changed. Each returns a list of problems,
+(roles/day2/tasks/inputs.yml) call these before any node is changed. Each returns a list of problems,
 one sentence each, naming the host, the variable and the fix; an empty list means the inventory may go on.
 The roles' own checks (meta/argument_specs.yml, tasks/validate.yml) stay as a second line.
 
-The variables this project knows are read from the roles' meta/argument_specs.yml files and the day-2
-playbooks' ansible/playbooks/day2/argument_specs.yml: a name that looks like ours but that no spec declares
-is a typo until a spec declares it.
+The variables this project knows are read from the roles' meta/argument_specs.yml files (the day-2
+playbooks' knobs from roles/day2's): a name that looks like ours but that no spec declares is a typo until a
+spec declares it.
 """
 
 from __future__ import annotations

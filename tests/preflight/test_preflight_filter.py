@@ -153,8 +153,10 @@ def test_no_spec_found_is_said():
     ({"day2_rolling_upgrade_batch": "150%"}, "day2_rolling_upgrade_batch is '150%'"),
     ({"day2_rolling_upgrade_batch": 0}, "day2_rolling_upgrade_batch is '0'"),
     ({"day2_rolling_upgrade_batch": "two"}, "day2_rolling_upgrade_batch is 'two'"),
-    ({"day2_rolling_upgrade_drain_timeout": -5}, "day2_rolling_upgrade_drain_timeout is -5: give a number of seconds, 0 or more"),
-    ({"day2_rolling_upgrade_reboot_timeout": 0}, "day2_rolling_upgrade_reboot_timeout is 0: give a number of seconds, 1 or more"),
+    ({"day2_rolling_upgrade_drain_timeout": -5},
+     "day2_rolling_upgrade_drain_timeout is -5: give a number of seconds, 0 or more"),
+    ({"day2_rolling_upgrade_reboot_timeout": 0},
+     "day2_rolling_upgrade_reboot_timeout is 0: give a number of seconds, 1 or more"),
 ])
 def test_bad_day2_knob_is_named(knobs, expected):
     problems = pf.day2_problems(knobs, {}, ["n1"])

@@ -29,10 +29,10 @@ def test_role_reads_only_variables_with_a_value(role):
 
 def test_day2_knobs_are_declared_by_the_day2_role():
     options = spec_options(DAY2_SPEC)
-    for name in ("day2_scale_out_nodes", "day2_remove_nodes", "day2_remove_node_drain_timeout", "day2_remove_node_brick_targets",
-                 "day2_remove_node_services", "day2_rolling_upgrade_hosts", "day2_rolling_upgrade_batch", "day2_rolling_upgrade_reboot",
-                 "day2_rolling_upgrade_drain_timeout", "day2_rolling_upgrade_reboot_timeout", "day2_marker_path",
-                 "day2_marker_groups"):
+    for name in ("day2_scale_out_nodes", "day2_remove_nodes", "day2_remove_node_drain_timeout",
+                 "day2_remove_node_brick_targets", "day2_remove_node_services", "day2_rolling_upgrade_hosts",
+                 "day2_rolling_upgrade_batch", "day2_rolling_upgrade_reboot", "day2_rolling_upgrade_drain_timeout",
+                 "day2_rolling_upgrade_reboot_timeout", "day2_marker_path", "day2_marker_groups"):
         assert name in options, f"roles/day2/meta/argument_specs.yml does not declare {name}"
 
 

@@ -536,8 +536,8 @@ def day2_problems(knobs, targets, play_hosts):
         text = str(batch).strip()
         match = re.fullmatch(r"([0-9]+)(%?)", text)
         if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(1)) > 100):
-            problems.append(f"day2_rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a percentage "
-                            "from 1% to 100%, e.g. 25%")
+            problems.append(f"day2_rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a "
+                            "percentage from 1% to 100%, e.g. 25%")
     # A drain timeout of 0 means "do not wait for jobs"; a node cannot come back from a reboot in 0 s.
     for knob, least in (("day2_rolling_upgrade_drain_timeout", 0), ("day2_remove_node_drain_timeout", 0),
                         ("day2_rolling_upgrade_reboot_timeout", 1)):

@@ -85,9 +85,10 @@ def test_scale_out_3_to_4_then_verify_on_4_nodes():
 
 def test_remove_node_stops_before_any_change_when_bricks_have_nowhere_to_go():
     assert len(hosts()) == 4
-    result = playbook("remove_node.yml", "-e", "remove_nodes=node3", check=False)
+    result = playbook("remove_node.yml", "-e", "day2_remove_nodes=node3", check=False)
     assert result.rc != 0
-    assert "node3 holds brick" in result.stdout and "remove_node_brick_targets" in result.stdout, result.stdout[-3000:]
+    assert "node3 holds brick" in result.stdout, result.stdout[-3000:]
+    assert "day2_remove_node_brick_targets" in result.stdout, result.stdout[-3000:]
     assert slurm_states().get("node3") == "idle", "node3 was drained although remove_node.yml stopped"
 
 
@@ -95,7 +96,7 @@ def test_remove_node_4_to_3_keeps_the_data_and_verify_stays_green():
     assert len(hosts()) == 4
     token = uuid.uuid4().hex
     node("node1", f"mkdir -p /shared/day2-test && echo {token} > /shared/day2-test/before-remove.txt")
-    result = playbook("remove_node.yml", "-e", "remove_nodes=node4")
+    result = playbook("remove_node.yml", "-e", "day2_remove_nodes=node4")
     assert "node4 is out of the cluster" in result.stdout
     assert "node4" not in slurm_states(), slurm_states()
     for name in ("node1", "node2", "node3"):

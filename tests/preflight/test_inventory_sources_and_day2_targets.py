@@ -74,60 +74,60 @@ def test_inventory_without_hosts_stops(tmp_path, case, playbook):
 DAY2 = {
     # A host pattern or --limit that matches nothing the playbook acts on.
     "rolling_upgrade_pattern_matches_nothing": (
-        "rolling_upgrade.yml", ["-e", "rolling_upgrade_hosts=gpu_nodez"],
-        ["rolling_upgrade_hosts gpu_nodez matches no host of the inventory"]),
+        "rolling_upgrade.yml", ["-e", "day2_rolling_upgrade_hosts=gpu_nodez"],
+        ["day2_rolling_upgrade_hosts gpu_nodez matches no host of the inventory"]),
     "rolling_upgrade_limit_outside_targets": (
         "rolling_upgrade.yml", ["--limit", "n1"],
-        ["rolling_upgrade_hosts gpu_nodes (n2, n3) lies outside --limit (n1)"]),
+        ["day2_rolling_upgrade_hosts gpu_nodes (n2, n3) lies outside --limit (n1)"]),
     "remove_node_limit_outside_targets": (
-        "remove_node.yml", ["-e", "remove_nodes=n3", "--limit", "n1:n2"],
-        ["remove_nodes n3 (n3) lies outside --limit (n1, n2)"]),
+        "remove_node.yml", ["-e", "day2_remove_nodes=n3", "--limit", "n1:n2"],
+        ["day2_remove_nodes n3 (n3) lies outside --limit (n1, n2)"]),
     "scale_out_limit_outside_targets": (
-        "scale_out.yml", ["-e", "scale_out_nodes=n3", "--limit", "n1"],
-        ["scale_out_nodes n3 (n3) lies outside --limit (n1)"]),
+        "scale_out.yml", ["-e", "day2_scale_out_nodes=n3", "--limit", "n1"],
+        ["day2_scale_out_nodes n3 (n3) lies outside --limit (n1)"]),
     # Knobs whose value cannot work.
     "batch_above_100_percent": (
-        "rolling_upgrade.yml", ["-e", "rolling_upgrade_batch=150%"],
-        ["rolling_upgrade_batch is '150%'", "from 1% to 100%"]),
+        "rolling_upgrade.yml", ["-e", "day2_rolling_upgrade_batch=150%"],
+        ["day2_rolling_upgrade_batch is '150%'", "from 1% to 100%"]),
     "batch_zero": (
-        "rolling_upgrade.yml", ["-e", "rolling_upgrade_batch=0"],
-        ["rolling_upgrade_batch is '0'"]),
+        "rolling_upgrade.yml", ["-e", "day2_rolling_upgrade_batch=0"],
+        ["day2_rolling_upgrade_batch is '0'"]),
     "drain_timeout_not_a_number": (
-        "rolling_upgrade.yml", ["-e", "rolling_upgrade_drain_timeout=soon"],
-        ["rolling_upgrade_drain_timeout"]),
+        "rolling_upgrade.yml", ["-e", "day2_rolling_upgrade_drain_timeout=soon"],
+        ["day2_rolling_upgrade_drain_timeout"]),
     # Used to be an Ansible internal error: combine() fed a string.
     "brick_targets_as_a_string": (
-        "remove_node.yml", ["-e", "remove_nodes=n3", "-e", "remove_node_brick_targets=n3:n2"],
-        ["remove_node_brick_targets", "dict"]),
+        "remove_node.yml", ["-e", "day2_remove_nodes=n3", "-e", "day2_remove_node_brick_targets=n3:n2"],
+        ["day2_remove_node_brick_targets", "dict"]),
     # Misspelt knobs, caught with the closest declared name.
     "misspelt_batch_knob": (
-        "rolling_upgrade.yml", ["-e", "rolling_upgrade_bach=2"],
-        ["rolling_upgrade_bach is not a variable", "did you mean rolling_upgrade_batch?"]),
+        "rolling_upgrade.yml", ["-e", "day2_rolling_upgrade_bach=2"],
+        ["day2_rolling_upgrade_bach is not a variable", "did you mean day2_rolling_upgrade_batch?"]),
     "misspelt_remove_nodes": (
-        "remove_node.yml", ["-e", "remove_nodes=n3", "-e", "remove_node_drain_timout=60"],
-        ["did you mean remove_node_drain_timeout?"]),
+        "remove_node.yml", ["-e", "day2_remove_nodes=n3", "-e", "day2_remove_node_drain_timout=60"],
+        ["did you mean day2_remove_node_drain_timeout?"]),
     "head_in_upgrade_targets": (
-        "rolling_upgrade.yml", ["-e", "rolling_upgrade_hosts=all"],
-        ["rolling_upgrade_hosts (all) holds the head (n1)"]),
+        "rolling_upgrade.yml", ["-e", "day2_rolling_upgrade_hosts=all"],
+        ["day2_rolling_upgrade_hosts (all) holds the head (n1)"]),
     # One condition of two failed: the message speaks of that one (NOT_SAID below).
     "scale_out_storage_not_whole_replica_sets": (
-        "scale_out.yml", ["-e", "scale_out_nodes=n3"],
+        "scale_out.yml", ["-e", "day2_scale_out_nodes=n3"],
         ["The new storage nodes n3 give 1 new brick(s) per volume", "whole replica sets of 3"]),
     "scale_out_storage_not_at_the_end": (
-        "scale_out.yml", ["-e", "scale_out_nodes=n2", "-e", "cluster_storage_replica=1"],
+        "scale_out.yml", ["-e", "day2_scale_out_nodes=n2", "-e", "cluster_storage_replica=1"],
         ["The new storage nodes n2 must come last in the storage_nodes group"]),
     # The inventory as a whole is checked by every day-2 playbook, not only by site.yml.
     "bad_inventory_value_in_day2": (
-        "remove_node.yml", ["-e", "remove_nodes=n3", "-e", "cluster_storage_bricks_per_node=0"],
+        "remove_node.yml", ["-e", "day2_remove_nodes=n3", "-e", "cluster_storage_bricks_per_node=0"],
         ["cluster_storage_bricks_per_node is 0"]),
 }
 
 
 # Each stop names only what is wrong: rolling_upgrade.yml once gave one message for four conditions.
 NOT_SAID = {
-    "batch_above_100_percent": ["rolling_upgrade_drain_timeout", "holds the head"],
-    "drain_timeout_not_a_number": ["rolling_upgrade_batch", "holds the head"],
-    "head_in_upgrade_targets": ["rolling_upgrade_batch", "rolling_upgrade_drain_timeout"],
+    "batch_above_100_percent": ["day2_rolling_upgrade_drain_timeout", "holds the head"],
+    "drain_timeout_not_a_number": ["day2_rolling_upgrade_batch", "holds the head"],
+    "head_in_upgrade_targets": ["day2_rolling_upgrade_batch", "day2_rolling_upgrade_drain_timeout"],
     "scale_out_storage_not_whole_replica_sets": ["must come last"],
     "scale_out_storage_not_at_the_end": ["whole replica sets"],
 }
@@ -151,7 +151,7 @@ def test_day2_playbook_stops_before_any_change(tmp_path, case):
 def test_day2_checks_pass_good_settings(tmp_path):
     """The control: with good settings the checks (tagged always) pass; --tags keeps the upgrade itself out."""
     result = ansible_playbook(tmp_path, yaml.safe_dump(variant()), "rolling_upgrade.yml", "--check",
-                              "-e", "rolling_upgrade_batch=50%", "--tags", "day2_checks_only")
+                              "-e", "day2_rolling_upgrade_batch=50%", "--tags", "day2_checks_only")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "Check the settings and the targets" in output
@@ -162,7 +162,7 @@ def test_day2_checks_pass_good_settings(tmp_path):
 def test_day2_limit_that_matches_no_host_stops(tmp_path, playbook):
     """Ansible itself stops a --limit that matches nothing at all (rc 1, the pattern named); kept so by this test.
     A --limit that matches hosts but none the playbook acts on is the playbook's own stop (DAY2 above)."""
-    result = ansible_playbook(tmp_path, yaml.safe_dump(GOOD), playbook, "--check", "-e", "remove_nodes=n3",
+    result = ansible_playbook(tmp_path, yaml.safe_dump(GOOD), playbook, "--check", "-e", "day2_remove_nodes=n3",
                               "--limit", "gpu-node-9")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output

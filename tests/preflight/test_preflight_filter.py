@@ -12,7 +12,7 @@ _load = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "sour
 pf = _load("ansible/plugins/filter/preflight.py")
 
 SPEC_FILES = [str(REPO / "roles" / "*" / "meta" / "argument_specs.yml"),
-              str(REPO / "ansible" / "playbooks" / "day2" / "argument_specs.yml")]
+              str(REPO / "roles" / "day2" / "meta" / "argument_specs.yml")]
 RULES = {"storage_backends": ["glusterfs", "nfs", "fsx_lustre", "efs"], "mtu_range": [1280, 9216],
          "required_groups": ["head", "gpu_nodes", "storage_nodes"], "id_range": [1000, 59999],
          "spec_files": SPEC_FILES}
@@ -41,9 +41,9 @@ def test_good_variables_have_no_problem():
 
 def test_known_variables_come_from_every_spec(known):
     roles = {path.name for path in (REPO / "roles").iterdir() if (path / "meta" / "argument_specs.yml").is_file()}
-    assert set(known["prefixes"]) >= roles | {"cluster", "rolling_upgrade", "remove_node", "scale_out", "day2"}
-    for name in ("cluster_mtu", "preflight_min_cpu_cores", "glusterfs_replica", "rolling_upgrade_batch",
-                 "remove_nodes"):
+    assert set(known["prefixes"]) >= roles | {"cluster", "day2", "verify"}
+    for name in ("cluster_mtu", "preflight_min_cpu_cores", "glusterfs_replica", "day2_rolling_upgrade_batch",
+                 "day2_remove_nodes"):
         assert name in known["names"]
 
 
@@ -51,8 +51,9 @@ def test_known_variables_come_from_every_spec(known):
     ("cluster_mtuu", "did you mean cluster_mtu?"),
     ("clustre_mtu", "did you mean cluster_mtu?"),
     ("preflight_min_cpu_core", "did you mean preflight_min_cpu_cores?"),
-    ("rolling_upgrade_bacth", "did you mean rolling_upgrade_batch?"),
-    ("remove_node", "did you mean remove_nodes?"),
+    ("day2_rolling_upgrade_bacth", "did you mean day2_rolling_upgrade_batch?"),
+    ("rolling_upgrade_batch", "did you mean day2_rolling_upgrade_batch?"),
+    ("day2_remove_node", "did you mean day2_remove_nodes?"),
     ("glusterfs_replicas", "did you mean glusterfs_replica?"),
 ])
 def test_misspelt_variable_names_the_closest_known_one(known, name, expected):
@@ -147,11 +148,13 @@ def test_no_spec_found_is_said():
 
 
 @pytest.mark.parametrize(("knobs", "expected"), [
-    ({"rolling_upgrade_batch": "150%"}, "rolling_upgrade_batch is '150%'"),
-    ({"rolling_upgrade_batch": 0}, "rolling_upgrade_batch is '0'"),
-    ({"rolling_upgrade_batch": "two"}, "rolling_upgrade_batch is 'two'"),
-    ({"rolling_upgrade_drain_timeout": -5}, "rolling_upgrade_drain_timeout is -5: give a number of seconds, 0 or more"),
-    ({"rolling_upgrade_reboot_timeout": 0}, "rolling_upgrade_reboot_timeout is 0: give a number of seconds, 1 or more"),
+    ({"day2_rolling_upgrade_batch": "150%"}, "day2_rolling_upgrade_batch is '150%'"),
+    ({"day2_rolling_upgrade_batch": 0}, "day2_rolling_upgrade_batch is '0'"),
+    ({"day2_rolling_upgrade_batch": "two"}, "day2_rolling_upgrade_batch is 'two'"),
+    ({"day2_rolling_upgrade_drain_timeout": -5},
+     "day2_rolling_upgrade_drain_timeout is -5: give a number of seconds, 0 or more"),
+    ({"day2_rolling_upgrade_reboot_timeout": 0},
+     "day2_rolling_upgrade_reboot_timeout is 0: give a number of seconds, 1 or more"),
 ])
 def test_bad_day2_knob_is_named(knobs, expected):
     problems = pf.day2_problems(knobs, {}, ["n1"])
@@ -160,16 +163,16 @@ def test_bad_day2_knob_is_named(knobs, expected):
 
 @pytest.mark.parametrize("batch", [1, "3", "25%", "100%", None])
 def test_good_batches_pass(batch):
-    assert pf.day2_problems({"rolling_upgrade_batch": batch}, {}, ["n1"]) == []
+    assert pf.day2_problems({"day2_rolling_upgrade_batch": batch}, {}, ["n1"]) == []
 
 
 def test_day2_targets_must_match_and_lie_inside_the_limit():
-    assert pf.day2_problems({}, {"rolling_upgrade_hosts gpu": []}, ["n1"]) == [
-        "rolling_upgrade_hosts gpu matches no host of the inventory: name hosts or groups that the inventory has "
+    assert pf.day2_problems({}, {"day2_rolling_upgrade_hosts gpu": []}, ["n1"]) == [
+        "day2_rolling_upgrade_hosts gpu matches no host of the inventory: name hosts or groups that the inventory has "
         "(ansible-inventory --graph lists them)"]
-    (problem,) = pf.day2_problems({}, {"remove_nodes n3": ["n3"]}, ["n1", "n2"])
-    assert "remove_nodes n3 (n3) lies outside --limit (n1, n2)" in problem
-    assert pf.day2_problems({}, {"remove_nodes n3": ["n3"]}, ["n3"]) == []
+    (problem,) = pf.day2_problems({}, {"day2_remove_nodes n3": ["n3"]}, ["n1", "n2"])
+    assert "day2_remove_nodes n3 (n3) lies outside --limit (n1, n2)" in problem
+    assert pf.day2_problems({}, {"day2_remove_nodes n3": ["n3"]}, ["n3"]) == []
 
 
 def _example_variable_names():

@@ -19,6 +19,7 @@ from jinja2 import meta, nodes
 REPO = Path(__file__).resolve().parents[2]
 CONDITION_KEYS = {"when", "that", "failed_when", "changed_when", "until"}
 SET_FACT_ACTIONS = {"set_fact", "ansible.builtin.set_fact"}
+INCLUDE_ROLE_ACTIONS = {"include_role", "import_role", "ansible.builtin.include_role", "ansible.builtin.import_role"}
 
 
 class _AnyName(dict):
@@ -135,6 +136,9 @@ def scan_tasks(data, where: str, scope: Scope) -> None:
     for action in SET_FACT_ACTIONS:
         if isinstance(data.get(action), dict):
             scope.sets.update(k for k in data[action] if k != "cacheable")
+    for action in INCLUDE_ROLE_ACTIONS:
+        if isinstance(data.get(action), dict) and isinstance(data[action].get("name"), str):
+            scope.sets.update(role_facts(REPO / "roles" / data[action]["name"]))
     conditions = []
     for key, value in data.items():
         if key in ("block", "rescue", "always", "tasks", "handlers", "pre_tasks", "post_tasks"):
@@ -149,6 +153,28 @@ def scan_tasks(data, where: str, scope: Scope) -> None:
     if conditions:
         # One expression, as Ansible ANDs them: an `is defined` test guards the items after it.
         scope.reads += expression_reads(" ) and ( ".join(conditions), where, condition=True)
+
+
+def role_facts(role: Path) -> set[str]:
+    """The facts a role sets (set_fact, register): they outlive its include_role, so its caller may read them."""
+    facts: set[str] = set()
+
+    def walk(data):
+        if isinstance(data, list):
+            for item in data:
+                walk(item)
+        elif isinstance(data, dict):
+            if isinstance(data.get("register"), str):
+                facts.add(data["register"])
+            for action in SET_FACT_ACTIONS:
+                if isinstance(data.get(action), dict):
+                    facts.update(k for k in data[action] if k != "cacheable")
+            for key in ("block", "rescue", "always"):
+                walk(data.get(key))
+
+    for path in sorted((role / "tasks").glob("*.yml")):
+        walk(load_yaml(path))
+    return facts
 
 
 def role_scope(role: Path) -> Scope:

@@ -11,8 +11,8 @@ import pytest
 from spec_variables import REPO, Scope, expression_reads, load_yaml, role_scope, scan_tasks, spec_options, unsafe_reads
 
 ROLES = sorted(path for path in (REPO / "roles").iterdir() if (path / "meta" / "argument_specs.yml").is_file())
-DAY2 = REPO / "ansible" / "playbooks" / "day2"
-DAY2_PREFIXES = set(load_yaml(DAY2 / "argument_specs.yml")["argument_specs"])
+DAY2_SPEC = REPO / "roles" / "day2" / "meta" / "argument_specs.yml"
+DAY2_PREFIXES = {"day2"}
 PREFIXES = {role.name for role in ROLES} | {"cluster"} | DAY2_PREFIXES
 
 
@@ -27,17 +27,34 @@ def test_role_reads_only_variables_with_a_value(role):
     assert unsafe_reads(scope, spec_options(role / "meta" / "argument_specs.yml"), PREFIXES) == []
 
 
-def test_day2_playbooks_read_knobs_with_their_spec_defaults():
+def test_day2_knobs_are_declared_by_the_day2_role():
+    options = spec_options(DAY2_SPEC)
+    for name in ("day2_scale_out_nodes", "day2_remove_nodes", "day2_remove_node_drain_timeout",
+                 "day2_remove_node_brick_targets", "day2_remove_node_services", "day2_rolling_upgrade_hosts",
+                 "day2_rolling_upgrade_batch", "day2_rolling_upgrade_reboot", "day2_rolling_upgrade_drain_timeout",
+                 "day2_rolling_upgrade_reboot_timeout", "day2_marker_path", "day2_marker_groups"):
+        assert name in options, f"roles/day2/meta/argument_specs.yml does not declare {name}"
+
+
+@pytest.mark.parametrize("role", ["day2", "verify"])
+def test_every_tasks_file_of_the_day2_and_verify_roles_is_an_entry_point(role):
+    entries = set(load_yaml(REPO / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"])
+    assert entries == {path.stem for path in (REPO / "roles" / role / "tasks").glob("*.yml")}
+
+
+def test_day2_and_verify_playbooks_read_knobs_with_their_spec_defaults():
+    """The playbooks around the day2 and verify roles (hosts:, serial:, the knobs they pass on) read the
+    roles' knobs with the defaults the roles' specs declare."""
     scope = Scope()
-    for path in [REPO / "scale_out.yml", REPO / "remove_node.yml", REPO / "rolling_upgrade.yml", *DAY2.glob("*.yml")]:
-        if path.name == "argument_specs.yml":
-            continue
-        if path.name == "vars.yml":  # vars_files of the plays: set for them
-            scope.sets.update(load_yaml(path))
-            continue
-        scan_tasks(load_yaml(path), str(path.relative_to(REPO)), scope)
-    assert any(read.name == "rolling_upgrade_batch" for read in scope.reads)
-    assert unsafe_reads(scope, spec_options(DAY2 / "argument_specs.yml"), DAY2_PREFIXES) == []
+    playbooks = [REPO / "scale_out.yml", REPO / "remove_node.yml", REPO / "rolling_upgrade.yml",
+                 REPO / "ansible" / "playbooks" / "verify.yml", REPO / "ansible" / "playbooks" / "converged.yml"]
+    for path in playbooks:
+        for play in load_yaml(path):
+            scan_tasks([play], str(path.relative_to(REPO)), scope)
+    assert any(read.name == "day2_rolling_upgrade_batch" for read in scope.reads)
+    assert any(read.name == "verify_training" for read in scope.reads)
+    options = spec_options(DAY2_SPEC) | spec_options(REPO / "roles" / "verify" / "meta" / "argument_specs.yml")
+    assert unsafe_reads(scope, options, DAY2_PREFIXES | {"verify"}) == []
 
 
 # The lint itself: each rule on a small example, so a lint that stopped seeing reads would fail here.

@@ -92,7 +92,7 @@ def test_a_removed_storage_node_without_target_gets_the_message_of_the_e2e_check
     [move] = moves(volumes_xml(("shared", 3, 0, SHARED)), ["node3"])
     assert move["old"] == SHARED[2] and move["new"] == "" and move["volume"] == "shared"
     assert move["problem"].startswith(f"node3 holds brick {SHARED[2]} of volume shared (replica 3): name a node")
-    assert "remove_node_brick_targets" in move["problem"] and "\"node3\": \"NEWNODE\"" in move["problem"]
+    assert "day2_remove_node_brick_targets" in move["problem"] and "\"node3\": \"NEWNODE\"" in move["problem"]
     assert "gluster volume remove-brick shared BRICKS start" in move["problem"]
 
 
@@ -218,7 +218,7 @@ WAS3 = {"node1": ["head", "storage_nodes"], "node2": ["gpu_nodes", "storage_node
 
 
 def scale_out(scale_out_nodes, groups, was):
-    hostvars = {host: ({"__scale_out_was": groups_was} if groups_was is not None else {})
+    hostvars = {host: ({"__day2_was": groups_was} if groups_was is not None else {})
                 for host, groups_was in was.items()}
     return topology_filter.day2_scale_out_plan(groups["all"], scale_out_nodes, groups, hostvars)
 

@@ -1,15 +1,15 @@
 """Preflight's rules, as Jinja filters: the inventory as a whole, then each node and its network.
 
 The preflight role (roles/preflight/tasks/inventory.yml) and the day-2 playbooks' first play
-(ansible/playbooks/day2/inputs.yml) call the inventory rules before any node is changed; the role's node and
+(roles/day2/tasks/inputs.yml) call the inventory rules before any node is changed; the role's node and
 network checks (tasks/node.yml, tasks/network.yml) hold each node's probe and pings to its thresholds. Each
 returns a list of problems, one sentence each, naming the host, the variable and the fix; an empty list means
 the inventory, the node or the network may go on.
 The roles' own checks (meta/argument_specs.yml, tasks/validate.yml) stay as a second line.
 
-The variables this project knows are read from the roles' meta/argument_specs.yml files and the day-2
-playbooks' ansible/playbooks/day2/argument_specs.yml: a name that looks like ours but that no spec declares
-is a typo until a spec declares it.
+The variables this project knows are read from the roles' meta/argument_specs.yml files (the day-2
+playbooks' knobs from roles/day2's): a name that looks like ours but that no spec declares is a typo until a
+spec declares it.
 """
 
 from __future__ import annotations
@@ -599,16 +599,16 @@ def day2_problems(knobs, targets, play_hosts):
     knobs: the day-2 variables as set ({name: value}); targets: {knob or pattern description: the inventory
     hosts it names}; play_hosts: the hosts this run may touch (after --limit)."""
     problems = []
-    batch = knobs.get("rolling_upgrade_batch")
+    batch = knobs.get("day2_rolling_upgrade_batch")
     if batch is not None:
         text = str(batch).strip()
         match = re.fullmatch(r"([0-9]+)(%?)", text)
         if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(1)) > 100):
-            problems.append(f"rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a percentage "
-                            "from 1% to 100%, e.g. 25%")
+            problems.append(f"day2_rolling_upgrade_batch is '{batch}': give a number of nodes (1 or more) or a "
+                            "percentage from 1% to 100%, e.g. 25%")
     # A drain timeout of 0 means "do not wait for jobs"; a node cannot come back from a reboot in 0 s.
-    for knob, least in (("rolling_upgrade_drain_timeout", 0), ("remove_node_drain_timeout", 0),
-                        ("rolling_upgrade_reboot_timeout", 1)):
+    for knob, least in (("day2_rolling_upgrade_drain_timeout", 0), ("day2_remove_node_drain_timeout", 0),
+                        ("day2_rolling_upgrade_reboot_timeout", 1)):
         if knobs.get(knob) is not None and (_int(knobs[knob]) is None or _int(knobs[knob]) < least):
             problems.append(f"{knob} is {knobs[knob]!r}: give a number of seconds, {least} or more")
     for what, hosts in targets.items():

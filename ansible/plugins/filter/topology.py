@@ -39,8 +39,8 @@ def day2_removal_plan(remove_nodes, targets, groups, hostvars):
 
 
 def day2_scale_out_plan(play_hosts, scale_out_nodes, groups, hostvars):
-    """scale_out.yml's plan (topology.scale_out_plan) from each play host's __scale_out_was fact."""
-    was = {host: (hostvars[host].get("__scale_out_was") if host in hostvars else None) for host in play_hosts}
+    """scale_out.yml's plan (topology.scale_out_plan) from each play host's __day2_was fact."""
+    was = {host: (hostvars[host].get("__day2_was") if host in hostvars else None) for host in play_hosts}
     return topology.scale_out_plan(scale_out_nodes, groups, list(play_hosts), was)
 
 

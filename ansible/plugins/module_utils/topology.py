@@ -130,7 +130,7 @@ def brick_moves(volumes, pool, nodes, address_of, targets, primary):
                 if not target:
                     problem = (
                         f"{node} holds brick {brick} of volume {name} (replica {replica}): name a node to take it, "
-                        f"-e '{{\"remove_node_brick_targets\": {{\"{node}\": \"NEWNODE\"}}}}', a host of the "
+                        f"-e '{{\"day2_remove_node_brick_targets\": {{\"{node}\": \"NEWNODE\"}}}}', a host of the "
                         "inventory outside storage_nodes that is in the trusted pool (run the glusterfs role on it "
                         f"and `gluster peer probe ADDRESS` from {primary}); or, when whole replica sets leave "
                         f"together, shrink the volume first on {primary}: `gluster volume remove-brick {name} BRICKS "
@@ -227,7 +227,7 @@ def glusterfs_layout_problems(host, nodes, bricks_per_node, brick_devices, brick
 
 
 def node_list(value):
-    """A list of node names given as a list or as one comma-separated string (-e remove_nodes=node4,node5)."""
+    """A list of node names given as a list or as one comma-separated string (-e day2_remove_nodes=node4,node5)."""
     names = value.split(",") if isinstance(value, str) else list(value or [])
     return [name for name in (str(n).strip() for n in names) if name]
 
@@ -266,7 +266,7 @@ def _unique(items):
 
 def scale_out_plan(scale_out_nodes, groups, play_hosts, was):
     """scale_out.yml's plan. was: host -> the groups its marker recorded at its last converge (None when it
-    carries no marker). New nodes are the ones named in scale_out_nodes, else every node without a marker;
+    carries no marker). New nodes are the ones named in day2_scale_out_nodes, else every node without a marker;
     new storage nodes are storage nodes that are new or were not storage nodes when last converged."""
     named = node_list(scale_out_nodes)
     everyone = list(groups.get("all", []))

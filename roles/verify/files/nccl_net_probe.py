@@ -1,5 +1,5 @@
 """A short NCCL all-reduce on this node's GPUs, run by torchrun with NCCL_DEBUG=INFO: its log says which
-network NCCL chose (verify/efa.yml reads it). Exits 1 when the sum is wrong."""
+network NCCL chose (the verify role's tasks/efa.yml reads it). Exits 1 when the sum is wrong."""
 
 import os
 

@@ -226,7 +226,10 @@ def scale_out(scale_out_nodes, groups, was):
 def test_scale_out_3_to_4_finds_the_unmarked_gpu_node_and_no_new_storage():
     plan = scale_out([], GROUPS4, {**WAS3, "node4": None})
     assert plan == {"named": [], "unknown": [], "marked": ["node1", "node2", "node3"], "new": ["node4"],
-                    "new_storage": [], "slurm_changes": True}
+                    "new_storage": [], "slurm_changes": True,
+                    "layer_hosts": {"day2_new": ["node4"], "day2_mount": ["node4"],
+                                    "day2_slurm": ["node1", "node2", "node3", "node4"],
+                                    "day2_monitoring": ["node1", "node4"]}}
 
 
 def test_named_nodes_are_new_and_unknown_names_are_listed():
@@ -238,3 +241,16 @@ def test_a_marked_node_that_became_a_storage_node_is_new_storage_but_not_new():
     groups = {**GROUPS4, "storage_nodes": ["node1", "node2", "node3", "node4"], "gpu_nodes": ["node2", "node3"]}
     plan = scale_out([], groups, {**WAS3, "node4": ["gpu_nodes"]})
     assert plan["new"] == [] and plan["new_storage"] == ["node4"] and plan["slurm_changes"] is False
+    # The volfile servers change in every fstab line; Slurm's node list does not; the new storage node gets its
+    # GlusterFS collector and the head Prometheus's targets.
+    assert plan["layer_hosts"] == {"day2_new": [], "day2_mount": ["node1", "node2", "node3", "node4"],
+                                   "day2_slurm": [], "day2_monitoring": ["node1", "node4"]}
+
+
+def test_a_new_storage_only_node_mounts_everywhere_and_leaves_slurm_alone():
+    groups = {**GROUPS4, "storage_nodes": ["node1", "node2", "node3", "node4"], "gpu_nodes": ["node2", "node3"]}
+    plan = scale_out([], groups, {**WAS3, "node4": None})
+    assert plan["new"] == ["node4"] and plan["new_storage"] == ["node4"] and plan["slurm_changes"] is False
+    assert plan["layer_hosts"]["day2_slurm"] == [] and plan["layer_hosts"]["day2_new"] == ["node4"]
+    assert plan["layer_hosts"]["day2_mount"] == ["node1", "node2", "node3", "node4"]
+    assert plan["layer_hosts"]["day2_monitoring"] == ["node1", "node4"]

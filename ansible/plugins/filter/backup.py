@@ -3,28 +3,21 @@ names the variable and the fix; an empty list means fine. Unit-tested in tests/b
 from __future__ import annotations
 
 import re
+import runpy
+from pathlib import Path
+
+# Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+values = _load("ansible/plugins/module_utils/values.py")
+# Each value read as the playbooks read it (module_utils/values.py).
+_text, _int = values.text, values.jinja_int
 
 REPOSITORY_TYPES = ("sftp", "s3", "local")
 _SUBSET = re.compile(r"^([0-9]+(\.[0-9]+)?%|[0-9]+/[0-9]+)$")
 
 
-def _text(value):
-    return "" if value is None else str(value)
-
-
 def _absolute(value):
     return _text(value).startswith("/")
-
-
-def _int(value):
-    """Jinja's `int` filter: a number, or 0 for anything that is not one."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        try:
-            return int(float(value))
-        except (TypeError, ValueError):
-            return 0
 
 
 def _repository_problems(settings, hosts):

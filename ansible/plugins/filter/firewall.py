@@ -9,8 +9,16 @@ a port (the check that applying never locks out the connection in use).
 import hashlib
 import ipaddress
 import re
+import runpy
+from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
+
+# Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+values = _load("ansible/plugins/module_utils/values.py")
+# Each value read as the playbooks read it (module_utils/values.py).
+_int, _truthy = values.whole_number, values.ansible_bool
 
 PROTOCOLS = ("tcp", "udp")
 # Sources an extra rule may name instead of networks.
@@ -21,16 +29,6 @@ UNSET = "__firewall_unset__"
 
 class FirewallInputError(ValueError):
     """A problem of the firewall's input, worded for the person who wrote the inventory."""
-
-
-def _int(value):
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
-        return int(value)
-    return None
 
 
 def _text_range(item, where):
@@ -119,12 +117,6 @@ def _protocol(value, where):
     if protocol not in PROTOCOLS:
         raise FirewallInputError(f"{where}: protocol '{value}' is not one of {', '.join(PROTOCOLS)}")
     return protocol
-
-
-def _truthy(value):
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "on", "1")
-    return bool(value)
 
 
 # ------------------------------------------------------------------------------------------ the services

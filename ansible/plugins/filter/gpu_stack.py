@@ -6,32 +6,18 @@ cuda_toolkit roles; unit-tested in tests/gpu_stack."""
 from __future__ import annotations
 
 import re
+import runpy
+from pathlib import Path
+
+# Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+values = _load("ansible/plugins/module_utils/values.py")
+# Each value read as the playbooks read it (module_utils/values.py).
+_text, _truthy, _int = values.text, values.ansible_bool, values.jinja_int
 
 _BRANCH = re.compile(r"^[0-9]{3}$")
 _TOOLKIT_VERSION = re.compile(r"^[0-9]+\.[0-9]+$")
 _MODE = re.compile(r"^0?[0-7]{3}$")
-
-
-def _text(value):
-    return "" if value is None else str(value)
-
-
-def _truthy(value):
-    """Ansible's `bool` filter: true, 'yes', 'on', 'true', '1' and 1 are true; everything else is false."""
-    if isinstance(value, bool):
-        return value
-    return _text(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
-
-
-def _int(value):
-    """Jinja's `int` filter: a number, or 0 for anything that is not one."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        try:
-            return int(float(value))
-        except (TypeError, ValueError):
-            return 0
 
 
 def _of_branch(version, branch):

@@ -30,6 +30,9 @@ from ansible.module_utils.common.validation import check_type_bool, check_type_f
 
 # Filters cannot import module_utils or each other: the repository's Python comes through module_utils/source_tree.py.
 _load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+values = _load("ansible/plugins/module_utils/values.py")
+# Each value read as the playbooks read it (module_utils/values.py).
+_int = values.whole_number
 
 # Login and group names that useradd accepts everywhere (Debian's NAME_REGEX, at most 32 characters).
 POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -39,17 +42,6 @@ HOSTNAME_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 CLOSE_MATCH_CUTOFF = 0.85
 # The hint "did you mean" accepts a looser match once the name has our prefix.
 HINT_CUTOFF = 0.6
-
-
-def _int(value):
-    """value as an int when it is one (or a string of digits from -e); None otherwise. Booleans are not."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
-        return int(value)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- known names

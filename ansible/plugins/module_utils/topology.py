@@ -276,12 +276,26 @@ def scale_out_plan(scale_out_nodes, groups, play_hosts, was):
     else:
         new = _unique(host for host in everyone if host not in marked)
     was_not_storage = [host for host in marked if "storage_nodes" not in (was.get(host) or [])]
-    compute = list(groups.get("head", [])) + list(groups.get("gpu_nodes", []))
+    head = list(groups.get("head", []))
+    compute = head + list(groups.get("gpu_nodes", []))
+    new_storage = [host for host in groups.get("storage_nodes", []) if host in new + was_not_storage]
+    slurm_changes = any(host in compute for host in new)
     return {
         "named": named,
         "unknown": _unique(host for host in named if host not in everyone),
         "marked": marked,
         "new": new,
-        "new_storage": [host for host in groups.get("storage_nodes", []) if host in new + was_not_storage],
-        "slurm_changes": any(host in compute for host in new),
+        "new_storage": new_storage,
+        "slurm_changes": slurm_changes,
+        # The hosts each layer playbook runs on (scale_out.yml makes a group of each and passes it as
+        # layer_hosts): the storage mount everywhere when new storage nodes change the volfile servers of every
+        # fstab line; the scheduler on every Slurm host when the node list changes (a new slurm.conf reaches them
+        # all before the daemons restart); monitoring on the new nodes, on new storage nodes (their GlusterFS
+        # collector) and on the head (Prometheus's targets).
+        "layer_hosts": {
+            "day2_new": new,
+            "day2_mount": everyone if new_storage else new,
+            "day2_slurm": [host for host in everyone if host in compute] if slurm_changes else [],
+            "day2_monitoring": [host for host in everyone if host in new + new_storage + head],
+        },
     }

@@ -22,9 +22,9 @@ def test_jinja_int_reads_as_jinja_does(given, expected):
     assert values.jinja_int(given) == expected
 
 
-@pytest.mark.parametrize("given, expected", [(True, True), (False, False), ("yes", True), ("On", True), (" true ", True),
-                                             ("1", True), (1, True), ("t", True), ("no", False), (2, False),
-                                             ("", False), (None, False), ("maybe", False)])
+@pytest.mark.parametrize("given, expected", [(True, True), (False, False), ("yes", True), ("On", True),
+                                             (" true ", True), ("1", True), (1, True), ("t", True), ("no", False),
+                                             (2, False), ("", False), (None, False), ("maybe", False)])
 def test_ansible_bool_reads_as_ansible_does(given, expected):
     assert values.ansible_bool(given) is expected
 

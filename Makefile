@@ -22,7 +22,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 PLAYBOOKS := site.yml $(wildcard ansible/playbooks/*.yml)
 
 .PHONY: help host-prereqs venv image workloads-image cluster-up cluster-down cluster-status demo \
-        test test-full lint syntax unit tools container molecule e2e e2e-full clean
+        test test-full lint syntax unit unit-ansible unit-workloads tools container molecule e2e e2e-full clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -91,8 +91,14 @@ $(TOOLS)/bin/promtool: localcluster/promtool.sh
 	@bash localcluster/promtool.sh $(TOOLS)
 
 unit: venv tools ## pytest: workloads, pulumi, inventory and preflight checks (no containers)
-	@# Two processes: tests that import Ansible's module code patch sys.intern, which torch's compiler rejects.
+	@# Two pytest processes, side by side (each target's output printed whole when it ends): tests that import
+	@# Ansible's module code patch sys.intern, which torch's compiler rejects; and the two take about as long.
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-ansible unit-workloads
+
+unit-ansible: venv tools ## pytest: every test but the cluster, container and workloads ones
 	@$(BIN)/pytest -q -m "not cluster and not container" --ignore=tests/workloads tests
+
+unit-workloads: venv ## pytest: the sd3cluster package (training, generation, serving) on CPU
 	@$(BIN)/pytest -q -m "not cluster and not container" tests/workloads
 
 container: image venv ## Build the sd3cluster image on the node image; run --help, generate and serve from it

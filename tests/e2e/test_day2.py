@@ -72,6 +72,9 @@ def test_scale_out_3_to_4_then_verify_on_4_nodes():
     assert re.search(r"\bnode4\b", node("node2", "getent hosts node4"))
     assert "node4" in node("node2", "cat /etc/ssh/ssh_known_hosts")
     assert '"gpu_nodes"' in node("node4", f"cat {MARKER}")
+    # The scheduler layer ran whole on it: Slurm runs its health check program there.
+    assert host("node4").file("/usr/local/sbin/sd3-node-health").is_file
+    assert host("node4").file("/etc/sd3-node-health.json").is_file
     # It serves too: the head's balancer and Prometheus know its worker.
     assert host("node4").service("sd3-inference@0").is_running
     assert "10.213.0.104:8100 max_fails" in node("node1", "cat /etc/nginx/sd3-inference/upstream.conf")

@@ -254,3 +254,82 @@ def test_a_new_storage_only_node_mounts_everywhere_and_leaves_slurm_alone():
     assert plan["layer_hosts"]["day2_slurm"] == [] and plan["layer_hosts"]["day2_new"] == ["node4"]
     assert plan["layer_hosts"]["day2_mount"] == ["node1", "node2", "node3", "node4"]
     assert plan["layer_hosts"]["day2_monitoring"] == ["node1", "node4"]
+
+
+# ------------------------------------------------------------------ the day-2 plans' stops (before any change)
+
+MARKER = "/etc/sd3-cluster/converged.json"
+
+
+def removal_problems(nodes, targets=None):
+    return topology_filter.day2_removal_problems(removal(nodes, targets), GROUPS4)
+
+
+def test_a_removal_the_cluster_survives_has_no_problem():
+    assert removal_problems("node4") == []
+    assert removal_problems("node3", {"node3": "node4"}) == []
+
+
+@pytest.mark.parametrize("nodes, targets, said, not_said", [
+    ("", None, "day2_remove_nodes is empty: name the nodes to remove", "not in the inventory"),
+    ("node4,node9", None, "day2_remove_nodes names node9, not in the inventory", "is empty"),
+    ("node1", None, "day2_remove_nodes (node1) would take away the head (node1, which runs slurmctld", "brick_targets"),
+    ("node2,node3,node4", {"node2": "node1"}, "would take away the head (node1, which runs slurmctld and Prometheus) "
+     "or every gpu node", "brick_targets"),
+    ("node3", {"node3": "node2"}, "day2_remove_node_brick_targets ({'node3': 'node2'}) must map each removed storage "
+     "node (node3) to a node that stays in the inventory and is not a storage node yet", "head"),
+    ("node3", {"node3": "node3"}, "must map each removed storage node (node3)", "head"),
+    ("node4", {"node2": "node4"}, "must map each removed storage node (none)", "head"),
+])
+def test_each_removal_stop_says_only_its_own_problem(nodes, targets, said, not_said):
+    problems = removal_problems(nodes, targets)
+    assert len(problems) == 1 and said in problems[0] and not_said not in problems[0], problems
+    assert problems[0].endswith("Nothing was changed.")
+
+
+def scale_out_problems(names, groups, was, **storage):
+    plan = scale_out(names, groups, was)
+    return topology_filter.day2_scale_out_problems(plan, groups, MARKER, **storage)
+
+
+def test_a_scale_out_that_can_join_has_no_problem():
+    assert scale_out_problems([], GROUPS4, {**WAS3, "node4": None}) == []
+
+
+def test_scale_out_stops_in_order_naming_the_first_thing_that_is_wrong():
+    no_marker = scale_out_problems([], GROUPS4, dict.fromkeys(GROUPS4["all"]))
+    assert len(no_marker) == 1 and no_marker[0].startswith(f"No node carries the marker {MARKER}"), no_marker
+    nothing = scale_out_problems([], GROUPS3, WAS3)
+    assert nothing == [f"Nothing to scale out: every node of the inventory (node1, node2, node3) carries the marker "
+                       f"{MARKER} with its current groups. Add the new hosts to the inventory and its groups, or name "
+                       "them with -e day2_scale_out_nodes=NODE,NODE. Nothing was changed."]
+    unknown = scale_out_problems("node9", GROUPS4, {**WAS3, "node4": None})
+    assert len(unknown) == 1 and unknown[0].startswith("day2_scale_out_nodes names node9, not in the inventory")
+    new_head = scale_out_problems([], GROUPS4, {**WAS3, "node1": None, "node4": None})
+    assert len(new_head) == 1 and new_head[0].startswith(f"node1 in the head group is new (no marker {MARKER})")
+
+
+GROUPS5 = {"all": ["node1", "node2", "node3", "node4", "node5"], "head": ["node1"],
+           "gpu_nodes": ["node2", "node3", "node4", "node5"], "storage_nodes": ["node1", "node2", "node3", "node4"]}
+
+
+def test_new_storage_nodes_must_make_whole_replica_sets():
+    was = {**WAS3, "node4": None, "node5": None}
+    problems = scale_out_problems([], GROUPS5, was)
+    assert problems == ["The new storage nodes node4 give 1 new brick(s) per volume, which must be whole replica sets "
+                        "of 3 (cluster_storage_replica). Add storage nodes in groups of 3, or leave them out of "
+                        "storage_nodes for now (as gpu_nodes only). Nothing was changed."]
+    # Values as -e gives them (text) are read as the playbook reads them.
+    assert scale_out_problems([], GROUPS5, was, replica="1") == []
+    assert "2 new brick(s)" in scale_out_problems([], GROUPS5, was, replica="3", bricks_per_node="2")[0]
+    # Only GlusterFS has bricks: an NFS cluster takes any storage node.
+    assert scale_out_problems([], GROUPS5, was, backend="nfs") == []
+
+
+def test_new_storage_nodes_must_come_last_and_both_storage_stops_are_said():
+    groups = {**GROUPS5, "storage_nodes": ["node4", "node1", "node2", "node3"]}
+    was = {**WAS3, "node4": None, "node5": None}
+    last = scale_out_problems([], groups, was, replica=1)
+    assert len(last) == 1 and last[0].startswith("The new storage nodes node4 must come last in the storage_nodes")
+    both = scale_out_problems([], groups, was)
+    assert len(both) == 2 and "whole replica sets of 3" in both[0] and "must come last" in both[1]

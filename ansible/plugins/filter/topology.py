@@ -44,8 +44,19 @@ def day2_scale_out_plan(play_hosts, scale_out_nodes, groups, hostvars):
     return topology.scale_out_plan(scale_out_nodes, groups, list(play_hosts), was)
 
 
+def day2_removal_problems(plan, groups):
+    """Why remove_node.yml cannot go on (topology.removal_problems); [] when it may."""
+    return topology.removal_problems(plan, groups)
+
+
+def day2_scale_out_problems(plan, groups, marker_path, backend="glusterfs", replica=3, bricks_per_node=1):
+    """Why scale_out.yml cannot go on (topology.scale_out_problems); [] when it may."""
+    return topology.scale_out_problems(plan, groups, marker_path, backend, replica, bricks_per_node)
+
+
 class FilterModule:
     def filters(self):
         return {"gluster_bricks": gluster_bricks, "gluster_brick_moves": gluster_brick_moves,
                 "glusterfs_layout_problems": glusterfs_layout_problems, "day2_removal_plan": day2_removal_plan,
-                "day2_scale_out_plan": day2_scale_out_plan}
+                "day2_scale_out_plan": day2_scale_out_plan, "day2_removal_problems": day2_removal_problems,
+                "day2_scale_out_problems": day2_scale_out_problems}

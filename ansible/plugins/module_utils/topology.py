@@ -299,3 +299,67 @@ def scale_out_plan(scale_out_nodes, groups, play_hosts, was):
             "day2_monitoring": [host for host in everyone if host in new + new_storage + head],
         },
     }
+
+
+_NOTHING_CHANGED = "Nothing was changed."
+
+
+def removal_problems(plan, groups):
+    """Why remove_node.yml cannot go on with plan (removal_plan's answer): the first that applies, one sentence
+    naming the knob and the fix; [] when it may go on."""
+    nodes, heads = plan["nodes"], list(groups.get("head", []))
+    if not nodes or plan["unknown"]:
+        what = (f"day2_remove_nodes names {', '.join(plan['unknown'])}, not in the inventory" if nodes
+                else "day2_remove_nodes is empty")
+        return [f"{what}: name the nodes to remove as they are in the inventory, e.g. -e day2_remove_nodes=node4 "
+                f"(or node4,node5). {_NOTHING_CHANGED}"]
+    if set(nodes) & set(heads) or not plan["gpu_nodes"]:
+        return [f"day2_remove_nodes ({', '.join(nodes)}) would take away the head ({', '.join(heads)}, which runs "
+                "slurmctld and Prometheus) or every gpu node; the cluster would stop working. Remove other nodes, or "
+                f"move the head first (a new head is built with site.yml). {_NOTHING_CHANGED}"]
+    targets, storage = plan["targets"], set(groups.get("storage_nodes", []))
+    if (set(targets) - set(plan["removed_storage"]) or set(targets.values()) - set(plan["keep"])
+            or set(targets.values()) & storage):
+        return [f"day2_remove_node_brick_targets ({targets}) must map each removed storage node "
+                f"({', '.join(plan['removed_storage']) or 'none'}) to a node that stays in the inventory and is not a "
+                "storage node yet (it takes over that node's bricks and its place in storage_nodes). Fix the map. "
+                f"{_NOTHING_CHANGED}"]
+    return []
+
+
+def scale_out_problems(plan, groups, marker_path, backend="glusterfs", replica=3, bricks_per_node=1):
+    """Why scale_out.yml cannot go on with plan (scale_out_plan's answer), one sentence each naming the knob and
+    the fix; [] when it may go on. Of the checks of which nodes are new, only the first that applies is said
+    (no marker anywhere also makes the head new); the two checks of new storage nodes are said each."""
+    new, new_storage = plan["new"], plan["new_storage"]
+    if plan["unknown"]:
+        return [f"day2_scale_out_nodes names {', '.join(plan['unknown'])}, not in the inventory: add each new host to "
+                "the inventory and its groups (gpu_nodes, storage_nodes), then run scale_out.yml again. "
+                f"{_NOTHING_CHANGED}"]
+    if not plan["marked"] and not plan["named"]:
+        return [f"No node carries the marker {marker_path}, so scale_out.yml cannot tell the new nodes from the "
+                "cluster. A new cluster is built with site.yml. A cluster converged before site.yml wrote the marker: "
+                "mark its nodes once with `ansible-playbook ansible/playbooks/converged.yml -i INVENTORY --limit "
+                "'!NEW_NODE'`, or name the new nodes with -e day2_scale_out_nodes=NODE,NODE. " + _NOTHING_CHANGED]
+    if not new and not new_storage:
+        return [f"Nothing to scale out: every node of the inventory ({', '.join(groups.get('all', []))}) carries the "
+                f"marker {marker_path} with its current groups. Add the new hosts to the inventory and its groups, or "
+                f"name them with -e day2_scale_out_nodes=NODE,NODE. {_NOTHING_CHANGED}"]
+    new_heads = [host for host in new if host in groups.get("head", [])]
+    if new_heads:
+        return [f"{', '.join(new_heads)} in the head group is new (no marker {marker_path}): scale_out.yml adds nodes "
+                "to a running cluster and its head. Build a cluster with a new head with site.yml. " + _NOTHING_CHANGED]
+    problems = []
+    if backend == "glusterfs" and new_storage:
+        replica, bricks = _as_int(replica), len(new_storage) * _as_int(bricks_per_node)
+        if not whole_replica_sets(bricks, replica):
+            problems.append(f"The new storage nodes {', '.join(new_storage)} give {bricks} new brick(s) per volume, "
+                            f"which must be whole replica sets of {replica} (cluster_storage_replica). Add storage "
+                            f"nodes in groups of {replica}, or leave them out of storage_nodes for now (as gpu_nodes "
+                            f"only). {_NOTHING_CHANGED}")
+        storage = list(groups.get("storage_nodes", []))
+        if sorted(storage[-len(new_storage):]) != sorted(new_storage):
+            problems.append(f"The new storage nodes {', '.join(new_storage)} must come last in the storage_nodes group "
+                            "(the first storage node forms the pool and bricks are added in the group's order): move "
+                            f"them to the end of storage_nodes in the inventory. {_NOTHING_CHANGED}")
+    return problems

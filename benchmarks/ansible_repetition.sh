@@ -13,6 +13,6 @@ report=$(duplicates --repo "$tmp" --most 200 --seconds 120)
 echo "$report" | head -1
 echo "pairs: $(echo "$report" | grep -c '^D'), of which galaxy metadata (meta/main.yml against meta/main.yml):" \
      "$(echo "$report" | grep '^D' | grep -c 'meta/main.py.*meta/main.py')"
-echo "problems/day2 template lines: $(cat $(git ls-files 'roles/*problems*.j2' 'roles/day2/templates/*') /dev/null | wc -l)"
+echo "problems/day2 template lines: $(cat $(git ls-files 'roles/*problems*.j2' 'roles/day2/templates/*' 'ansible/playbooks/day2/templates/*') /dev/null | wc -l)"
 echo "YAML lines with {% (inline Jinja control): $(echo "$files" | xargs grep -h '{%' | wc -l)"
 rm -rf "$tmp"

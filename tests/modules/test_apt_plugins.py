@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -73,6 +75,79 @@ def test_an_unknown_argument_is_refused(tmp_path):
     rc, results = play(tmp_path, [{"name": "probe", "apt_packages": {"name": ["dpkg"], "state": "latest"}}])
     assert rc == 2
     assert "state" in results["probe"]["msg"]
+
+
+
+def test_a_pin_at_the_installed_version_does_not_start_apt(tmp_path):
+    version = subprocess.run(["dpkg-query", "--show", "--showformat=${Version}", "dpkg"],
+                             capture_output=True, text=True, check=True).stdout
+    rc, results = play(tmp_path, [{"name": "probe", "apt_packages": {"name": [f"dpkg={version}", "coreutils"]}}])
+    assert rc == 0, results
+    assert results["probe"]["changed"] is False
+    assert results["probe"]["missing"] == []
+    assert "cache_updated" not in results["probe"]
+
+
+def test_check_mode_takes_the_held_package_and_policy_rc_d_options(tmp_path):
+    args = {"name": ["dpkg", "sd3-no-such-package=1.0-1"], "allow_change_held_packages": True, "policy_rc_d": "101"}
+    rc, results = play(tmp_path, [{"name": "probe", "apt_packages": args}], "--check")
+    assert rc == 0, results
+    assert results["probe"]["changed"] is True
+    assert results["probe"]["missing"] == ["sd3-no-such-package=1.0-1"]
+
+
+class _Node:
+    """What the action asks of the node, answered from fixed text: the dpkg probe's output, and the apt
+    module's result (the arguments it was given are kept)."""
+
+    def __init__(self, probe_stdout, apt_result):
+        self.probe_stdout, self.apt_result = probe_stdout, apt_result
+        self.commands, self.apt_args = [], []
+
+    def action(self, args):
+        action_class = runpy.run_path(str(REPO / "ansible" / "plugins" / "action" / "apt_packages.py"))["ActionModule"]
+        task = SimpleNamespace(args=args, async_val=0, check_mode=False, action="apt_packages")
+        connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp/sd3-test"))
+        action = action_class(task, connection, None, None, None)
+        action._low_level_execute_command = self.execute
+        action._execute_module = self.module
+        return action
+
+    def execute(self, command, sudoable=True):
+        self.commands.append(command)
+        return {"rc": 0, "stdout": self.probe_stdout, "stderr": ""}
+
+    def module(self, module_name, module_args, task_vars=None):
+        assert module_name == "ansible.legacy.apt"
+        self.apt_args.append(module_args)
+        return dict(self.apt_result)
+
+
+def test_held_packages_and_policy_rc_d_reach_the_apt_module():
+    node = _Node("nvidia-smi\thi \t535.247.01-1\n", {"changed": True})
+    result = node.action({"name": ["nvidia-smi=535.261.03-1"], "allow_change_held_packages": True,
+                          "policy_rc_d": 101, "update_cache": False}).run(task_vars={})
+    assert "nvidia-smi" in node.commands[0].split()
+    assert node.apt_args == [{"name": ["nvidia-smi=535.261.03-1"], "state": "present", "install_recommends": False,
+                              "allow_change_held_packages": True, "policy_rc_d": 101}]
+    assert result["changed"] is True
+    assert result["installed"] == ["nvidia-smi=535.261.03-1"]
+
+
+def test_without_the_options_apt_keeps_holds_and_gets_no_policy_rc_d():
+    node = _Node("", {"changed": True})
+    node.action({"name": ["chrony"]}).run(task_vars={})
+    assert node.apt_args == [{"name": ["chrony"], "state": "present", "install_recommends": False,
+                              "allow_change_held_packages": False, "update_cache": True, "cache_valid_time": 3600}]
+
+
+def test_a_held_package_pinned_at_its_version_is_not_given_to_apt():
+    node = _Node("nvidia-smi\thi \t535.261.03-1\n", {"changed": True})
+    result = node.action({"name": ["nvidia-smi=535.261.03-1"], "allow_change_held_packages": True,
+                          "policy_rc_d": 101}).run(task_vars={})
+    assert node.apt_args == []
+    assert result["changed"] is False
+    assert result["missing"] == []
 
 
 # ---- signed_apt_repository

@@ -13,9 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 _load = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
 apt_rules = _load("ansible/plugins/module_utils/apt_rules.py")
 
-# `dpkg-query --show --showformat='${Package} ${db:Status-Abbrev}\n' chrony sudo nfs-common gone half`
-# (nfs-common removed with its configuration left, half failed to configure; "gone" is unknown, so absent).
-PROBE = "chrony ii \nsudo hi \nnfs-common rc \nhalf iF \n"
+# `dpkg-query --show --showformat='${Package}\t${db:Status-Abbrev}\t${Version}\n' chrony sudo nfs-common
+# gone half` (sudo held, nfs-common removed with its configuration left, half failed to configure; "gone"
+# is unknown, so absent).
+PROBE = "chrony\tii \t4.3-2\nsudo\thi \t1.9.13p3-1+deb12u1\nnfs-common\trc \t1:2.6.2-4\nhalf\tiF \t1.0-1\n"
 
 
 def test_installed_names_are_dropped_and_the_rest_kept_in_order():
@@ -27,29 +28,64 @@ def test_everything_installed_leaves_nothing_for_apt():
     assert apt_rules.packages_not_installed(["chrony", "sudo"], PROBE) == []
 
 
-def test_a_stripped_trailing_space_still_reads_as_installed():
-    assert apt_rules.packages_not_installed(["chrony"], "chrony ii") == []
+def test_a_stripped_line_end_still_reads_as_installed():
+    assert apt_rules.packages_not_installed(["chrony"], "chrony\tii") == []
+    assert apt_rules.packages_not_installed(["chrony=4.3-2"], "chrony\tii \t4.3-2") == []
 
 
-@pytest.mark.parametrize("name", ["chrony=4.3-2", "chrony*", "chrony:amd64", "./chrony.deb", "docker-ce=5:24.*"])
+@pytest.mark.parametrize("name", ["chrony=4.3-*", "chrony*", "chrony:amd64", "./chrony.deb", "docker-ce=5:24.*",
+                                  "chrony>=4.3-2", "chrony=", "chrony=4.3 2"])
 def test_names_only_apt_can_match_are_always_left_to_apt(name):
-    assert apt_rules.packages_not_installed([name], PROBE + f"{name} ii \n") == [name]
+    assert apt_rules.packages_not_installed([name], PROBE + f"{name}\tii \t4.3-2\n") == [name]
+    assert name not in apt_rules.probe_names([name])
+
+
+def test_a_pin_at_the_installed_version_leaves_nothing_for_apt():
+    # Held or not: a held package at its pinned version needs nothing from apt either.
+    assert apt_rules.packages_not_installed(["chrony=4.3-2", "sudo=1.9.13p3-1+deb12u1"], PROBE) == []
+
+
+@pytest.mark.parametrize("name", ["chrony=4.3-3", "chrony=4.3", "sudo=1.9.15p5-1", "nfs-common=1:2.6.2-4",
+                                  "half=1.0-1", "gone=1.0"])
+def test_a_pin_to_another_version_or_an_uninstalled_package_goes_to_apt(name):
+    assert apt_rules.packages_not_installed([name], PROBE) == [name]
+
+
+def test_an_epoch_is_part_of_the_version_dpkg_prints():
+    probe = "docker-ce\tii \t5:27.5.1-1~debian.12~bookworm\n"
+    assert apt_rules.packages_not_installed(["docker-ce=5:27.5.1-1~debian.12~bookworm"], probe) == []
+    assert apt_rules.packages_not_installed(["docker-ce=27.5.1-1~debian.12~bookworm"], probe) == [
+        "docker-ce=27.5.1-1~debian.12~bookworm"]
+
+
+def test_a_pin_holds_only_when_every_installed_architecture_has_that_version():
+    probe = "libc6\tii \t2.36-9+deb12u14\nlibc6\tii \t2.36-9+deb12u13\n"
+    assert apt_rules.packages_not_installed(["libc6=2.36-9+deb12u14"], probe) == ["libc6=2.36-9+deb12u14"]
+    assert apt_rules.packages_not_installed(["libc6"], probe) == []
+
+
+def test_dpkg_is_asked_about_plain_names_and_the_packages_of_pins_once_each():
+    names = ["chrony", "sudo=1.9", "chrony=4.3-2", "xx:amd64", "yy=1.*", "zz"]
+    assert apt_rules.probe_names(names) == ["chrony", "sudo", "zz"]
 
 
 def test_no_probe_output_means_apt_looks_at_everything():
-    assert apt_rules.packages_not_installed(["chrony", "sudo"], "") == ["chrony", "sudo"]
+    assert apt_rules.packages_not_installed(["chrony", "sudo=1.9"], "") == ["chrony", "sudo=1.9"]
     assert apt_rules.packages_not_installed(["chrony"], None) == ["chrony"]
 
 
 def test_the_probe_format_matches_dpkg_query_on_this_machine():
-    # dpkg is on every machine this project runs on; the format is the one the roles pass.
-    out = subprocess.run(["dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\\n", "dpkg"],
-                         capture_output=True, text=True, check=True).stdout
-    assert apt_rules.packages_not_installed(["dpkg"], out) == []
+    # dpkg is on every machine this project runs on; the command is the one the action runs.
+    out = subprocess.run([*apt_rules.DPKG_QUERY, "dpkg"], capture_output=True, text=True, check=True).stdout
+    version = subprocess.run(["dpkg-query", "--show", "--showformat=${Version}", "dpkg"],
+                             capture_output=True, text=True, check=True).stdout
+    assert apt_rules.packages_not_installed(["dpkg", f"dpkg={version}"], out) == []
+    assert apt_rules.packages_not_installed([f"dpkg={version}1"], out) == [f"dpkg={version}1"]
 
 
-def test_the_probe_command_is_the_one_the_roles_used():
-    assert apt_rules.DPKG_QUERY == ["dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\\n"]
+def test_the_probe_command_asks_for_name_status_and_version():
+    assert apt_rules.DPKG_QUERY == ["dpkg-query", "--show",
+                                    "--showformat=${Package}\\t${db:Status-Abbrev}\\t${Version}\\n"]
 
 
 # ---- fingerprints, checked against gpg's own reading of the same files

@@ -2,9 +2,11 @@
 
 The apt module loads the whole package cache (one or two seconds a host on a small control machine) even
 when it finds nothing to do, so this action first asks dpkg (one short command, no module) and hands apt
-only the names dpkg does not show as installed. The probe runs every time, never from a fact cache, so a
-package removed since an earlier run is installed again. Its arguments are documented in
-ansible/plugins/modules/apt_packages.py.
+only the names dpkg does not show as installed: a plain name that is not installed, a pin (NAME=VERSION)
+whose package is not installed at exactly that version, and any name only apt can match. The probe runs
+every time, never from a fact cache, so a package removed since an earlier run is installed again. Its
+arguments are documented in ansible/plugins/modules/apt_packages.py; allow_change_held_packages and
+policy_rc_d go to the apt module unchanged.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ ARGUMENT_SPEC = {
     "update_cache": {"type": "bool", "default": True},
     "cache_valid_time": {"type": "int", "default": 3600},
     "install_recommends": {"type": "bool", "default": False},
+    "allow_change_held_packages": {"type": "bool", "default": False},
+    "policy_rc_d": {"type": "int"},
 }
 
 
@@ -42,10 +46,10 @@ class ActionModule(ActionBase):
             result["msg"] = "no package names given"
             return result
 
-        plain = [name for name in names if apt_rules.is_plain(name)]
+        probed = apt_rules.probe_names(names)
         stdout = ""
-        if plain:
-            probe = self._low_level_execute_command(shlex.join(apt_rules.DPKG_QUERY + plain), sudoable=False)
+        if probed:
+            probe = self._low_level_execute_command(shlex.join(apt_rules.DPKG_QUERY + probed), sudoable=False)
             # 1: some name is unknown to dpkg (so not installed); anything else is a failure to read dpkg.
             if probe["rc"] not in (0, 1):
                 result.update(failed=True, rc=probe["rc"], stderr=probe.get("stderr", ""),
@@ -66,7 +70,10 @@ class ActionModule(ActionBase):
                           msg="check mode: would install " + ", ".join(missing))
             return result
 
-        apt_args = {"name": missing, "state": "present", "install_recommends": args["install_recommends"]}
+        apt_args = {"name": missing, "state": "present", "install_recommends": args["install_recommends"],
+                    "allow_change_held_packages": args["allow_change_held_packages"]}
+        if args["policy_rc_d"] is not None:
+            apt_args["policy_rc_d"] = args["policy_rc_d"]
         if args["update_cache"]:
             apt_args.update(update_cache=True, cache_valid_time=args["cache_valid_time"])
         apt = self._execute_module(module_name="ansible.legacy.apt", module_args=apt_args, task_vars=task_vars)

@@ -8,23 +8,31 @@ import base64
 import hashlib
 import re
 
-# A plain Debian package name. Anything else (name=version, wildcards, :arch, a .deb path) is left to apt,
-# which alone knows how to match it.
+# A plain Debian package name. Anything else (wildcards, :arch, a .deb path) is left to apt, which alone
+# knows how to match it; so is NAME=VERSION unless VERSION is exact (see PINNED).
 PLAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 
-# One line per name: "NAME WANTED-STATUS-ERROR" (dpkg's ${db:Status-Abbrev}). Unknown names print nothing
-# on stdout and make dpkg-query exit 1.
-DPKG_QUERY = ["dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\\n"]
+# NAME=VERSION with an exact version ([epoch:]upstream[-revision], as dpkg prints it). A version with a
+# wildcard, or a comparison such as NAME>=VERSION, is left to apt.
+PINNED = re.compile(r"^([a-z0-9][a-z0-9+.-]+)=([A-Za-z0-9.+~:-]+)$")
+
+# One tab-separated line per installed or known name: "NAME WANTED-STATUS-ERROR VERSION" (dpkg's
+# ${db:Status-Abbrev}, three characters, the last a space when there is no error). Unknown names print
+# nothing on stdout and make dpkg-query exit 1.
+DPKG_QUERY = ["dpkg-query", "--show", "--showformat=${Package}\\t${db:Status-Abbrev}\\t${Version}\\n"]
 
 
-def installed_packages(dpkg_query_stdout):
-    """Names that the probe's lines ("NAME WANTED STATUS ERROR") show as installed, without an error flag."""
-    installed = set()
+def installed_versions(dpkg_query_stdout):
+    """{name: set of versions} of the packages the probe's lines show as installed, without an error flag.
+
+    A name has one line per installed architecture (multiarch); dpkg keeps their versions equal."""
+    installed = {}
     for line in str(dpkg_query_stdout or "").splitlines():
-        name, _, abbrev = line.partition(" ")
+        name, _, rest = line.partition("\t")
+        abbrev, _, version = rest.partition("\t")
         # ${db:Status-Abbrev}: wanted (u i r p h), status (n i c U F h W t), error flag (space: none).
         if len(abbrev) >= 2 and abbrev[1] == "i" and abbrev[2:3] in ("", " "):
-            installed.add(name)
+            installed.setdefault(name, set()).add(version.strip())
     return installed
 
 
@@ -32,10 +40,36 @@ def is_plain(name):
     return bool(PLAIN_NAME.match(str(name)))
 
 
+def pinned(name):
+    """(package, version) of an exact NAME=VERSION pin, or None."""
+    match = PINNED.match(str(name))
+    return (match[1], match[2]) if match else None
+
+
+def probe_names(names):
+    """The package names to ask dpkg about (in order, once each): the plain names and those of exact pins."""
+    found = []
+    for name in names:
+        pin = pinned(name)
+        package = pin[0] if pin else str(name) if is_plain(name) else None
+        if package and package not in found:
+            found.append(package)
+    return found
+
+
 def packages_not_installed(names, dpkg_query_stdout):
-    """The names (in order) that apt must still look at: not plain names, or not installed per the probe."""
-    installed = installed_packages(dpkg_query_stdout)
-    return [name for name in names if not is_plain(name) or str(name) not in installed]
+    """The names (in order) that apt must still look at: plain names not installed per the probe, pins whose
+    package is not installed at exactly that version, and every name only apt can match."""
+    installed = installed_versions(dpkg_query_stdout)
+
+    def done(name):
+        pin = pinned(name)
+        if pin:
+            # Every installed architecture at the pinned version; another version is apt's to change.
+            return installed.get(pin[0]) == {pin[1]}
+        return is_plain(name) and str(name) in installed
+
+    return [name for name in names if not done(name)]
 
 
 # ---------------------------------------------------------------------------------------------------------

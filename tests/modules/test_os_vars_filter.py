@@ -1,10 +1,12 @@
 """os_vars_files: a role's OS vars files fall back distribution-version -> distribution -> family -> main."""
 
 import itertools
+import re
 import runpy
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 _load = runpy.run_path(str(ROOT / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
@@ -37,6 +39,11 @@ ROLES = sorted(p for p in (ROOT / "roles").iterdir() if (p / "vars").is_dir())
 SYSTEMS = [("Ubuntu", "22"), ("Ubuntu", "24"), ("Debian", "12")]
 
 
+def _data(path):
+    # The values, not the text: copies that differ only in their comments are still copies.
+    return yaml.safe_load(path.read_text())
+
+
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_no_role_ships_identical_os_files(role):
     """A file that repeats the next one down the fallback adds nothing but a copy to keep in step."""
@@ -45,12 +52,12 @@ def test_no_role_ships_identical_os_files(role):
                                        "os_family": "Debian"})
         present = [n for n in names if (role / "vars" / n).is_file()]
         for upper, lower in itertools.pairwise(present):
-            assert (role / "vars" / upper).read_text() != (role / "vars" / lower).read_text(), (
+            assert _data(role / "vars" / upper) != _data(role / "vars" / lower), (
                 f"{role.name}: vars/{upper} repeats vars/{lower}")
     # Release files that all say the same belong in the distribution's (or the family's) file.
     releases = [role / "vars" / f"Ubuntu-{m}.yml" for m in ("22", "24")]
     if all(f.is_file() for f in releases):
-        assert len({f.read_text() for f in releases}) > 1, f"{role.name}: every Ubuntu release file is the same"
+        assert _data(releases[0]) != _data(releases[1]), f"{role.name}: every Ubuntu release file is the same"
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
@@ -58,3 +65,12 @@ def test_every_supported_system_finds_a_file(role):
     for distribution, major in SYSTEMS:
         facts = {"distribution": distribution, "distribution_major_version": major, "os_family": "Debian"}
         assert _first_found(role / "vars", facts) is not None, f"{role.name}: no vars file for {distribution} {major}"
+
+
+def test_no_task_names_an_os_vars_file_itself():
+    """A vars_from built from the distribution facts skips the fallback, and breaks once that file is folded."""
+    offenders = [f"{path.relative_to(ROOT)}: {line.strip()}"
+                 for path in sorted((ROOT / "roles").glob("*/tasks/*.yml"))
+                 for line in re.findall(r"^\s*vars_from:.*$", path.read_text(), flags=re.MULTILINE)
+                 if "distribution" in line or "ansible_facts" in line]
+    assert not offenders, offenders

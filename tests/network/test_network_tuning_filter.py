@@ -136,3 +136,46 @@ def test_ifupdown_file_finds_the_stanza():
     assert nt.ifupdown_file(files, "eth0") == "/etc/network/interfaces.d/eth0"
     assert nt.ifupdown_file(files, "eth01") == "/etc/network/interfaces.d/eth01"
     assert nt.ifupdown_file(files, "eth1") == ""
+
+
+# ------------------------------------------------------------------------------------ the role's inputs
+
+GOOD_INPUTS = {"cidr": "10.213.0.0/24", "interface": "", "address": "10.213.0.41", "mtu": 9000, "mtu_persist": "auto"}
+IFACES = ["lo", "eth0"]
+PICKED = {"name": "eth0", "address": "10.213.0.41", "mtu": 9000, "macaddress": ""}
+
+
+def problems(iface=PICKED, **changed):
+    return nt.input_problems("node1", {**GOOD_INPUTS, **changed}, IFACES, iface, [1280, 9216],
+                             ["auto", "netplan", "networkd", "ifupdown", "none"])
+
+
+def test_good_inputs_have_no_problem_and_extra_vars_text_is_read():
+    assert problems() == ""
+    assert problems(mtu="1500", interface="eth0") == ""
+
+
+@pytest.mark.parametrize("changed, iface, expected", [
+    ({"cidr": "10.213.0.1/24"}, {}, "node1: nothing was changed. network_tuning_cidr (cluster_network_cidr) is "
+     "'10.213.0.1/24', not a network: set it in group_vars/all, e.g. 10.10.0.0/24."),
+    ({"interface": "ib0"}, PICKED, "node1: nothing was changed. network_tuning_interface is 'ib0' but this node has "
+     "only eth0, lo: fix the name or set it to \"\" to detect it."),
+    ({"cidr": "10.99.0.0/24"}, {}, "node1: nothing was changed. no interface has an address in network_tuning_cidr "
+     "10.99.0.0/24 (this node's cluster_address is '10.213.0.41'): put the node on the cluster network, fix "
+     "cluster_address, or name the interface in network_tuning_interface."),
+    ({"mtu": 9500}, PICKED, "node1: nothing was changed. network_tuning_mtu (cluster_mtu) is 9500: use 1280 to 9216 "
+     "(1500 plain Ethernet, 9000 jumbo frames)."),
+    ({"mtu": "jumbo"}, PICKED, "network_tuning_mtu (cluster_mtu) is jumbo: use 1280 to 9216"),
+    ({"mtu_persist": "nmcli"}, PICKED, "node1: nothing was changed. network_tuning_mtu_persist is 'nmcli': choose one "
+     "of auto, netplan, networkd, ifupdown, none."),
+])
+def test_each_bad_input_is_named(changed, iface, expected):
+    message = problems(iface=iface, **changed)
+    assert expected in message, message
+    assert message.count("nothing was changed") == 1
+
+
+def test_a_bad_network_is_said_once_and_the_mtu_beside_it():
+    message = problems(iface={}, cidr="not-a-network", mtu=100)
+    assert "not a network" in message and "no interface has an address" not in message
+    assert "network_tuning_mtu (cluster_mtu) is 100" in message

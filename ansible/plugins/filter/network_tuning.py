@@ -173,9 +173,53 @@ def ifupdown_file(slurped, interface):
     return ""
 
 
+def _is_network(value):
+    try:
+        ipaddress.ip_network(str(value), strict=True)
+    except ValueError:
+        return False
+    return "/" in str(value)
+
+
+def _whole(value):
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+def input_problems(host, settings, interfaces, iface, mtu_range, persist_methods):
+    """The role's settings that cannot work on host, as one message ("HOST: nothing was changed." and a sentence
+    per problem naming the variable and the fix), or "" when they may go on. settings: the role's variables
+    without their network_tuning_ prefix (cidr, interface, address, mtu, mtu_persist); interfaces: the node's
+    interface names (its facts); iface: the interface picked for the cluster network ({} when none)."""
+    cidr, interface = settings.get("cidr"), str(settings.get("interface") or "")
+    problems = []
+    # The interface checks follow from the network: one sentence for the first that fails.
+    if not _is_network(cidr):
+        problems.append(f"network_tuning_cidr (cluster_network_cidr) is '{cidr}', not a network: set it in "
+                        "group_vars/all, e.g. 10.10.0.0/24.")
+    elif interface and interface not in interfaces:
+        problems.append(f"network_tuning_interface is '{interface}' but this node has only "
+                        f"{', '.join(sorted(interfaces))}: fix the name or set it to \"\" to detect it.")
+    elif not (iface or {}).get("name"):
+        problems.append(f"no interface has an address in network_tuning_cidr {cidr} (this node's cluster_address is "
+                        f"'{settings.get('address') or ''}'): put the node on the cluster network, fix "
+                        "cluster_address, or name the interface in network_tuning_interface.")
+    mtu, (least, most) = _whole(settings.get("mtu")), mtu_range
+    if mtu is None or not least <= mtu <= most:
+        problems.append(f"network_tuning_mtu (cluster_mtu) is {settings.get('mtu')}: use {least} to {most} (1500 plain "
+                        "Ethernet, 9000 jumbo frames).")
+    if settings.get("mtu_persist") not in persist_methods:
+        problems.append(f"network_tuning_mtu_persist is '{settings.get('mtu_persist')}': choose one of "
+                        f"{', '.join(persist_methods)}.")
+    return f"{host}: nothing was changed. " + " ".join(problems) if problems else ""
+
+
 class FilterModule:
     def filters(self):
         return {
+            "network_tuning_input_problems": input_problems,
             "network_tuning_sysctl_profile": sysctl_profile,
             "network_tuning_sysctl_applicable": sysctl_applicable,
             "network_tuning_cluster_interface": cluster_interface,

@@ -7,6 +7,12 @@ Pure functions of their arguments, so tests/network calls them directly.
 import base64
 import ipaddress
 import re
+import runpy
+from pathlib import Path
+
+# Filters cannot import each other: the repository's Python comes through module_utils/source_tree.py.
+_load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" / "source_tree.py"))["load"]
+is_ip_network = _load("ansible/plugins/filter/cluster_network.py").is_ip_network
 
 MIB = 1 << 20
 # Linux charges socket buffers with per-packet overhead (skb truesize), so a buffer of twice the
@@ -173,14 +179,6 @@ def ifupdown_file(slurped, interface):
     return ""
 
 
-def _is_network(value):
-    try:
-        ipaddress.ip_network(str(value), strict=True)
-    except ValueError:
-        return False
-    return "/" in str(value)
-
-
 def _whole(value):
     try:
         return int(str(value).strip())
@@ -196,7 +194,7 @@ def input_problems(host, settings, interfaces, iface, mtu_range, persist_methods
     cidr, interface = settings.get("cidr"), str(settings.get("interface") or "")
     problems = []
     # The interface checks follow from the network: one sentence for the first that fails.
-    if not _is_network(cidr):
+    if not is_ip_network(cidr):
         problems.append(f"network_tuning_cidr (cluster_network_cidr) is '{cidr}', not a network: set it in "
                         "group_vars/all, e.g. 10.10.0.0/24.")
     elif interface and interface not in interfaces:

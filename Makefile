@@ -22,7 +22,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 PLAYBOOKS := site.yml $(wildcard ansible/playbooks/*.yml)
 
 .PHONY: help host-prereqs venv image workloads-image cluster-up cluster-down cluster-status demo \
-        test test-full lint syntax unit unit-ansible unit-workloads tools container molecule e2e e2e-full clean
+        test test-full checks-before-molecule lint syntax unit unit-ansible unit-workloads tools container molecule e2e e2e-full clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -65,10 +65,19 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 # so the two lanes end together instead of slurm starting late and running on alone.
 CI_SCENARIOS ?= slurm storage base inference backup network gpu_stack monitoring firewall storage_nfs cloud_fs_client preflight
 
-test: host-prereqs venv lint unit ## Everything CI runs
-	@$(MAKE) --no-print-directory container
+test: host-prereqs venv tools ## Everything CI runs
+	@# The workloads' tests take about as long as lint, the other unit tests and the container test together,
+	@# and use one core most of the time: the two lanes run side by side (each lane's output printed whole
+	@# when it ends), then the molecule scenarios and the local cluster's tests, which use both cores.
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-workloads checks-before-molecule
 	@$(MAKE) --no-print-directory molecule SCENARIOS="$(CI_SCENARIOS)"
 	@$(MAKE) --no-print-directory e2e
+
+# One lane of `make test`: these three one after the other.
+checks-before-molecule: venv tools
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory unit-ansible
+	@$(MAKE) --no-print-directory container
 
 test-full: host-prereqs venv lint unit container molecule e2e e2e-full ## Every scenario and the whole cluster end to end
 

@@ -60,9 +60,10 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 
 # The scenarios CI runs: those that have passed whole (create to destroy) on this project's machine.
 # `make test-full` runs every scenario and the whole-cluster end-to-end tests as well.
-# Longest first (seconds in CI, two at a time: slurm 734, storage 522, base 397, inference 299, backup 296,
-# network 268, gpu_stack 264, monitoring 188, firewall 119, storage_nfs 113, cloud_fs_client 96, preflight 44),
-# so the two lanes end together instead of slurm starting late and running on alone.
+# Longest first (seconds in a CI rehearsal on a 2-core machine, two at a time: slurm 709, storage 416,
+# inference 296, network 231, backup 228, gpu_stack 189, base 186, monitoring 153, firewall 98, storage_nfs 92,
+# cloud_fs_client 65, preflight 40), so the two lanes end together instead of slurm starting late and running
+# on alone.
 CI_SCENARIOS ?= slurm storage base inference backup network gpu_stack monitoring firewall storage_nfs cloud_fs_client preflight
 
 test: host-prereqs venv tools ## Everything CI runs

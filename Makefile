@@ -64,12 +64,12 @@ demo: host-prereqs venv ## The local cluster: cluster-up, site.yml, verify.yml, 
 # inference 296, network 231, backup 228, gpu_stack 189, base 186, monitoring 153, firewall 98, storage_nfs 92,
 # cloud_fs_client 65, preflight 40), so the two lanes end together instead of slurm starting late and running
 # on alone.
-CI_SCENARIOS ?= slurm storage base inference backup network gpu_stack monitoring firewall storage_nfs cloud_fs_client preflight
+CI_SCENARIOS ?= slurm storage inference network backup gpu_stack base monitoring firewall storage_nfs cloud_fs_client preflight
 
 test: host-prereqs venv tools ## Everything CI runs
-	@# The workloads' tests take about as long as lint, the other unit tests and the container test together,
-	@# and use one core most of the time: the two lanes run side by side (each lane's output printed whole
-	@# when it ends), then the molecule scenarios and the local cluster's tests, which use both cores.
+	@# The workloads' tests (about 10 minutes) use one core most of the time: lint, the other unit tests and
+	@# the container test (about 6 minutes together) run beside them, then the molecule scenarios and the
+	@# local cluster's tests, which use both cores. unit-workloads' output is printed whole when it ends.
 	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-workloads checks-before-molecule
 	@$(MAKE) --no-print-directory molecule SCENARIOS="$(CI_SCENARIOS)"
 	@$(MAKE) --no-print-directory e2e

@@ -1,8 +1,8 @@
 """The molecule scenarios' connection to their nodes (molecule/_shared/connection_plugins/podman.py): the
-driver's `podman` connection with pipelining. Checked on a node of the local cluster, through the same
-plugin path molecule's config gives: a module runs in one `podman exec --interactive` and its result comes
-back; a file copy (which needs a temporary folder on the node) still works; a command without input still
-sees its stdin closed.
+driver's `podman` connection with pipelining. Checked on a node of the local cluster, through the plugin path
+molecule's config gives: a module runs in one `podman exec --interactive` and its result comes back; a file
+copy (which needs a temporary folder on the node) still works; a raw command (no input: no --interactive) and a
+module run with become (sudo, as roles do) work too.
 
 Marked `cluster`: needs the nodes of `make cluster-up` (the `e2e` target starts them).
 """
@@ -30,13 +30,20 @@ PLAY = """
         content: "{{ name.content | b64decode }}"
         dest: /tmp/sd3-connection-test
         mode: "0600"
-    - name: Read stdin in a command that was given none
-      ansible.builtin.command: cat
-      register: stdin
+    - name: Run a raw command
+      ansible.builtin.raw: cat /etc/hostname
+      register: raw
+      changed_when: false
+    - name: Run a module with become
+      ansible.builtin.command: id -un
+      become: true
+      register: become
       changed_when: false
     - name: Report
       ansible.builtin.debug:
-        msg: "RESULT name=[{{ name.content | b64decode | trim }}] stdin=[{{ stdin.stdout }}]"
+        msg: >-
+          RESULT name=[{{ name.content | b64decode | trim }}] raw=[{{ raw.stdout | trim }}]
+          become=[{{ become.stdout }}]
 """
 
 
@@ -61,8 +68,13 @@ def test_molecule_connection_pipelines_modules_through_podman_exec(tmp_path):
     assert "b'--interactive'" in exec_calls[0]
     assert "ansible-tmp-" not in slurp, "a pipelined module needs no temporary folder on the node"
     # The collection's connection never passes --interactive, so the line above also shows that molecule's
-    # plugin path gives ours. The module's result came back through the pipe; cat saw its stdin closed.
-    assert re.search(r"RESULT name=\[(.*?)\] stdin=\[(.*?)\]", out).groups() == ("node1", "")
+    # plugin path gives ours. The module's result came back through the pipe.
+    assert re.search(r"RESULT name=\[(.*?)\] raw=\[(.*?)\] become=\[(.*?)\]", out).groups() == \
+        ("node1", "node1", "root")
+    raw = out.split("TASK [Run a raw command]")[1].split("TASK [")[0]
+    assert "b'--interactive'" not in raw, "a command without input must not hold podman's stdin open"
+    become = out.split("TASK [Run a module with become]")[1].split("TASK [")[0]
+    assert "b'--interactive'" in become and "sudo" in become, "become with sudo runs pipelined too"
     copy = out.split("TASK [Copy a file there]")[1].split("TASK [")[0]
     assert "changed: [sd3-node1]" in copy or "ok: [sd3-node1]" in copy
     assert run("podman", "exec", "sd3-node1", "cat", "/tmp/sd3-connection-test").stdout.strip() == "node1"

@@ -118,9 +118,18 @@ def test_several_problems_are_all_named():
         "no finite loss in /shared/runs/sd3-verify-train-*/metrics.jsonl"]
 
 
-def test_a_bad_fraction_is_a_filter_error():
-    with pytest.raises(flt._FilterError, match="fraction"):
-        flt.verify_training_threshold("h200", VERIFY_JOB, 8, 0)
+def test_a_bad_fraction_is_a_filter_error_whatever_the_job_trained():
+    for job, world in ((VERIFY_JOB, 8), (TINY_JOB, 8), (VERIFY_JOB, 0)):
+        with pytest.raises(flt._FilterError, match="fraction"):
+            flt.verify_training_threshold("h200", job, world, 0)
+    # Without a GPU profile there is no threshold to make, so no fraction is read (the local cluster).
+    assert flt.verify_training_threshold("", VERIFY_JOB, 8, 0) is None
+
+
+@pytest.mark.parametrize("speed", [float("nan"), "fast", ""])
+def test_a_speed_that_is_not_a_number_fails_under_a_threshold(speed):
+    got = check(job_result=result(images_per_s=speed))
+    assert not got["passed"] and "below the threshold" in got["detail"]
 
 
 def test_the_playbook_calls_the_filter_and_keeps_no_rule_in_jinja():

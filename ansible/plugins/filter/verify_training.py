@@ -26,21 +26,30 @@ NO_SPEED_THRESHOLD = "no speed threshold (the job config is not the profiles' ve
 
 def verify_training_threshold(gpu_profile, job_config, world, fraction):
     """Images/s the whole run must reach, or None where it has no speed threshold (see the module's text)."""
-    world = values.jinja_int(world)
-    if not gpu_profile or world <= 0:
-        return None
-    profiles = hardware.load_profiles()
-    preset = profiles["verify_preset"]
-    job = job_config if isinstance(job_config, dict) else {}
-    model, data = job.get("model") or {}, job.get("data") or {}
-    if (model.get("preset"), data.get("resolution"), data.get("batch_size")) != \
-            (preset["model"], preset["resolution"], preset["batch_size"]):
+    if not gpu_profile:
         return None
     try:
+        # The fraction and the profiles are checked whenever there is a GPU profile, whatever the job trained.
+        profiles = hardware.load_profiles()
         row = hardware.thresholds(profiles, fraction, gpu=gpu_profile, gpus_per_node=1)[hardware.TRAIN]
     except hardware.ProfileError as e:
         raise _FilterError(str(e)) from None
-    return row["threshold"] * world if row else None
+    preset = profiles["verify_preset"]
+    job = job_config if isinstance(job_config, dict) else {}
+    model, data = job.get("model") or {}, job.get("data") or {}
+    world = values.jinja_int(world)
+    if not row or world <= 0 or (model.get("preset"), data.get("resolution"), data.get("batch_size")) != \
+            (preset["model"], preset["resolution"], preset["batch_size"]):
+        return None
+    return row["threshold"] * world
+
+
+def _number(value):
+    """The value as a float; NaN for none or anything that is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def verify_training_check(sbatch, result, job_config, gpu_profile, fraction, nodes, steps, shared_path):
@@ -69,7 +78,8 @@ def verify_training_check(sbatch, result, job_config, gpu_profile, fraction, nod
         problems.append(f"the checkpoint was written by {world} ranks")
     if not result.get("loss_finite"):
         problems.append(f"no finite loss in {shared_path}/runs/sd3-verify-train-*/metrics.jsonl")
-    if min_images_per_s is not None and (images_per_s is None or float(images_per_s) < min_images_per_s):
+    # `not >=`: a missing or NaN speed under a threshold fails.
+    if min_images_per_s is not None and not (_number(images_per_s) >= min_images_per_s):
         problems.append(f"{images_per_s} images/s, below the threshold {min_images_per_s:.4g} "
                         f"(hardware profile x {fraction})")
     job_id = (sbatch.get("stdout_lines") or ["none"])[0]

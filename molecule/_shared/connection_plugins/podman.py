@@ -3,13 +3,13 @@
 # so this plugin takes that name (molecule's config puts this folder on the connection plugin path, where
 # a plugin of the same short name wins over the collection's redirect).
 #
-# Why: without pipelining every module run is four `podman exec` calls (make a temporary folder, copy the
-# module, make it executable, run it, remove the folder); with it, one call that feeds the module to the
-# node's Python on stdin. The collection leaves pipelining off because it calls `podman exec` without
-# --interactive, and podman only passes stdin through with it. On this project's 2-core CI machine a
-# run of 10 small tasks on 3 nodes took 16 s of wall time and 11 s of controller CPU before, 9 s and 6 s
-# with this. The nodes of the real cluster are reached over SSH, where ansible.cfg turns pipelining on too,
-# so the scenarios now run modules the way production runs them.
+# Why: without pipelining every module run is four `podman exec` calls (make a temporary folder, make the
+# module copied there through the container's mounted filesystem executable, run it, remove the folder);
+# with it, one call that feeds the module to the node's Python on stdin. The collection leaves pipelining
+# off because it calls `podman exec` without --interactive, and podman only passes stdin through with it.
+# On this project's 2-core CI machine a run of 10 small tasks on 3 nodes took 16 s of wall time and 11 s of
+# controller CPU before, 9 s and 6 s with this. The nodes of the real cluster are reached over SSH, where
+# ansible.cfg turns pipelining on too, so the scenarios now run modules the way production runs them.
 from __future__ import annotations
 
 import shlex

@@ -3,24 +3,15 @@ threshold from the hardware profiles where the job trains their verify preset, a
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import runpy
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-flt = _load("verify_training_filter", ROOT / "ansible" / "plugins" / "filter" / "verify_training.py")
+# The loader the filters themselves use (ansible/plugins/module_utils/source_tree.py).
+_load = runpy.run_path(str(ROOT / "ansible" / "plugins" / "module_utils" / "source_tree.py"))["load"]
+flt = _load("ansible/plugins/filter/verify_training.py")
 hw = flt.hardware
 PROFILES = hw.load_profiles()
 PRESET = PROFILES["verify_preset"]

@@ -3,6 +3,7 @@
 # all in one call. Usage (from the repository root, wheels of the optional `fa4` extra and of diffusers & co.
 # under WHEELS, results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
+#     [norms] [fa4bwd] [knobs] [knobs2] [caches]
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -25,7 +26,8 @@ bench() {  # NAME CASE [extra args]: one case, one process
     | grep -v "^|" | grep -E "^\[|images/s|TFLOP|failed|memory|Error" | tail -40
 }
 for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
-  tests) python3 -m pytest -q tests/workloads/test_attention.py 2>&1 | tail -5 ;;
+  tests) python3 -m pytest -q tests/workloads/test_attention.py tests/workloads/test_fused_mlp.py \
+           tests/workloads/test_fused_norm.py 2>&1 | tail -5 ;;
   attention) python3 benchmarks/sd3_throughput.py --sdpa --case sd3-medium:256:1:reference --steps 1 --warmup 1 \
                2>&1 | grep -E "^(sdpa|fa4|matmul)" ;;
   1024) bench ref-1024 sd3-medium:1024:8:reference
@@ -50,4 +52,13 @@ for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s
   mlp1024) bench ref-1024 sd3-medium:1024:8:reference
            bench opt-1024 sd3-medium:1024:8:optimized
            bench opt-torchmlp-1024 sd3-medium:1024:8:optimized:mlp=torch ;;
+  fa4bwd) python3 benchmarks/fa4_backward_configs.py --out "$OUT/fa4-bwd-configs.json" 2>&1 | grep -v "^WARNING" | tail -15 ;;
+  # Inductor's reductions over SD3's 1536 channels are looped (two passes over a row) unless persistent
+  # reductions are allowed past 1024 elements: multi_kernel compiles both and keeps the faster at run time.
+  knobs) TORCHINDUCTOR_MULTI_KERNEL=1 bench opt-multikernel-1024 sd3-medium:1024:8:optimized ;;
+  knobs2) TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench opt-coordinate-1024 sd3-medium:1024:8:optimized ;;
+  norms) bench opt-1024 sd3-medium:1024:8:optimized
+         bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch ;;
+  # quack's tuned GEMM configurations and compiled kernels, for the next machine (QUACK_HOME)
+  caches) tar -C "$HOME" -cJf "$OUT/quack-cache.tar.xz" .quack && ls -la "$OUT/quack-cache.tar.xz" ;;
 esac; done; done

@@ -39,6 +39,10 @@ class ModelConfig(_Section):
         "SD3-medium on an H200; sm90+, comes with the `fa4` extra; it tunes its GEMMs in the first step, about 2 "
         "minutes, cached on disk); auto: quack on sm90+ when it imports, for bf16 full training, else torch. Printed "
         "at start")
+    norm: Literal["auto", "torch", "triton"] = Field(
+        "auto", description="adaLN LayerNorm + modulation (and the gated residual before the second norm) of the "
+        "joint blocks: torch (diffusers' modules, compiled with the block) or triton (one fused kernel each way, "
+        "sd3cluster.fused_norm); auto: triton on CUDA when it imports, else torch. Printed at start")
     activation_checkpointing: bool = False
 
 

@@ -23,6 +23,7 @@ from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, Synth
 from .dist import Runtime, all_reduce
 from .errors import CheckpointError, DataError, UserError
 from .flow import flow_loss, sample_noise
+from .fused_norm import fuse_norms, resolve_norm
 from .lora import apply_lora, check_checkpoint_kind
 from .lora import describe as lora_describe
 from .lora import param_groups as lora_param_groups
@@ -80,7 +81,10 @@ class Trainer:
         self.mlp, mlp_why = resolve_mlp(cfg.model.mlp, rt.device, self.bf16, cfg.train.mode == "lora")
         if self.mlp == "quack":
             fuse_mlp(model)
-        self.kernel_note = f"{attention_note}; feed-forward: {mlp_why}"
+        self.norm, norm_why = resolve_norm(cfg.model.norm, rt.device)
+        if self.norm == "triton":
+            fuse_norms(model)
+        self.kernel_note = f"{attention_note}; feed-forward: {mlp_why}; adaLN norms: {norm_why}"
         if cfg.model.float8 != "none":
             if not cuda:
                 raise UserError(f"model.float8={cfg.model.float8} needs a GPU with float8 tensor cores; set "

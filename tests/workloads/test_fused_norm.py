@@ -1,0 +1,184 @@
+"""The fused adaLN kernels (model.norm=triton) against PyTorch's LayerNorm and diffusers' joint block.
+
+The kernel tests run the Triton kernels on the CPU under Triton's interpreter (TRITON_INTERPRET=1) where Triton
+is installed (requirements.txt has it), and say skip elsewhere; the GPU tests run the compiled kernels where CUDA
+is present (the GPU machine: see benchmarks/sd3_training.md for the command).
+"""
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from sd3cluster import fused_norm
+from sd3cluster.config import Config
+from sd3cluster.errors import UserError
+from sd3cluster.fused_norm import fuse_norms, resolve_norm
+from sd3cluster.models import build_transformer
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """The kernels defined anew under Triton's interpreter, and defined anew again afterwards."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fused_norm._kernels.cache_clear()
+    yield
+    fused_norm._kernels.cache_clear()
+
+
+def _reference(x, branch, gate, shift, scale, eps):
+    h = x + gate[:, None] * branch if branch is not None else x
+    y = F.layer_norm(h, (x.shape[-1],), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+    return h, y
+
+
+def _inputs(gated, dtype=torch.float64, batch=2, tokens=37, channels=48):
+    """Tokens not a multiple of 8 (the backward's rows per program), channels not a power of two: masked edges."""
+    gen = torch.Generator().manual_seed(3)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()
+
+    x = leaf(batch, tokens, channels) * 3 + 1
+    x = x.detach().requires_grad_()
+    branch, gate = (leaf(batch, tokens, channels), leaf(batch, channels)) if gated else (None, None)
+    return x, branch, gate, leaf(batch, channels), leaf(batch, channels)
+
+
+@needs_triton
+@pytest.mark.parametrize("gated", [False, True], ids=["adaln", "gated_adaln"])
+def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(interpreter, gated):
+    x, branch, gate, shift, scale = _inputs(gated)
+    leaves = [t for t in (x, branch, gate, shift, scale) if t is not None]
+    gen = torch.Generator().manual_seed(4)
+    dy, dh = torch.randn(x.shape, generator=gen, dtype=x.dtype), torch.randn(x.shape, generator=gen, dtype=x.dtype)
+
+    h, y = _reference(x, branch, gate, shift, scale, 1e-6)
+    expected = torch.autograd.grad((y * dy).sum() + ((h * dh).sum() if gated else 0), leaves)
+    if gated:
+        h_k, y_k = fused_norm.gated_adaln(x, branch, gate, shift, scale, 1e-6)
+        torch.testing.assert_close(h_k, h, rtol=0, atol=1e-5)
+    else:
+        y_k = fused_norm.adaln(x, shift, scale, 1e-6)
+    assert y_k.dtype == x.dtype
+    torch.testing.assert_close(y_k, y, rtol=0, atol=1e-5)  # the kernels compute in fp32
+    got = torch.autograd.grad((y_k * dy).sum() + ((h_k * dh).sum() if gated else 0), leaves)
+    for name, g, e in zip(["x", "branch", "gate", "shift", "scale"] if gated else ["x", "shift", "scale"], got,
+                          expected, strict=True):
+        assert g.dtype == e.dtype, name
+        torch.testing.assert_close(g, e, rtol=0, atol=5e-5, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+@needs_triton
+def test_kernels_catch_a_wrong_statistic(interpreter):
+    """The comparison above can fail: a norm with the wrong epsilon is off by more than its tolerance."""
+    x, _, _, shift, scale = _inputs(False, channels=8)
+    x = (x * 1e-3).detach()  # tiny variance, where epsilon matters
+    y = _reference(x, None, None, shift, scale, 1e-6)[1]
+    assert (fused_norm.adaln(x, shift, scale, 1e-2) - y).abs().max() > 1e-3
+
+
+@needs_triton
+def test_fused_block_equals_diffusers_in_output_and_every_gradient(interpreter):
+    plain, fused = build_transformer("tiny"), build_transformer("tiny")
+    names = list(fused.state_dict())
+    # tiny: two joint blocks; the last has no modulated context stream (context_pre_only) and keeps diffusers'
+    assert fuse_norms(fused) == 1
+    assert list(fused.state_dict()) == names
+    gen = torch.Generator().manual_seed(5)
+    inputs = dict(hidden_states=torch.randn(2, 16, 8, 8, generator=gen),
+                  encoder_hidden_states=torch.randn(2, 7, 32, generator=gen),
+                  pooled_projections=torch.randn(2, 16, generator=gen), timestep=torch.tensor([10.0, 900.0]))
+    outputs = {}
+    for name, model in (("plain", plain), ("fused", fused)):
+        out = model(**inputs, return_dict=False)[0]
+        out.square().mean().backward()
+        outputs[name] = (out, {n: p.grad for n, p in model.named_parameters()})
+    (out_p, grads_p), (out_f, grads_f) = outputs["plain"], outputs["fused"]
+    torch.testing.assert_close(out_f, out_p, rtol=1e-4, atol=1e-5)
+    assert grads_p.keys() == grads_f.keys()
+    for name, grad in grads_p.items():
+        torch.testing.assert_close(grads_f[name], grad, rtol=1e-3, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_fused_block_keeps_diffusers_forward_off_cuda():
+    """Without the interpreter a CPU call is diffusers' own forward, to the last bit."""
+    plain, fused = build_transformer("tiny"), build_transformer("tiny")
+    fuse_norms(fused)
+    block_p, block_f = plain.transformer_blocks[0], fused.transformer_blocks[0]
+    hidden, context, temb = torch.randn(2, 16, 16), torch.randn(2, 7, 16), torch.randn(2, 16)
+    for a, b in zip(block_f(hidden, context, temb), block_p(hidden, context, temb), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_resolve_norm_names_the_choice_and_the_fix():
+    cpu = torch.device("cpu")
+    assert resolve_norm("auto", cpu) == ("torch", "torch (auto: not a CUDA device)")
+    assert resolve_norm("torch", cpu)[0] == "torch"
+    with pytest.raises(UserError, match=r"model.norm=triton needs a CUDA device.*set model.norm=auto or torch"):
+        resolve_norm("triton", cpu)
+    with pytest.raises(UserError, match="choose one of auto, torch, triton"):
+        resolve_norm("apex", cpu)
+
+
+def test_config_rejects_an_unknown_norm():
+    with pytest.raises(ValueError, match="norm"):
+        Config.model_validate({"model": {"preset": "tiny", "norm": "apex"}})
+
+
+# -- on the GPU -----------------------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _sd3_block_pair(device):
+    """Two SD3-medium joint blocks with the same weights (fp32, autocast as in training), one of them fused."""
+    from diffusers.models.attention import JointTransformerBlock
+
+    blocks = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        blocks.append(JointTransformerBlock(dim=1536, num_attention_heads=24, attention_head_dim=64).to(device))
+    assert fuse_norms(blocks[1]) == 1
+    return blocks
+
+
+@needs_cuda
+def test_fused_block_equals_diffusers_on_the_gpu_at_sd3_medium_width():
+    device = torch.device("cuda")
+    plain, fused = _sd3_block_pair(device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    hidden = torch.randn(2, 1024, 1536, device=device, generator=gen)
+    context = torch.randn(2, 154, 1536, device=device, generator=gen)
+    temb = torch.randn(2, 1536, device=device, generator=gen)
+    results = {}
+    for name, block in (("plain", plain), ("fused", fused)):
+        h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out_c, out_h = block(h, c, temb)
+        (out_h.float().square().mean() + out_c.float().square().mean()).backward()
+        grads = {n: p.grad.float() for n, p in block.named_parameters()}
+        results[name] = (out_h.float(), out_c.float(), h.grad, c.grad, grads)
+    plain_r, fused_r = results["plain"], results["fused"]
+    for label, a, b in (("image out", *[r[0] for r in (fused_r, plain_r)]),
+                        ("context out", *[r[1] for r in (fused_r, plain_r)]),
+                        ("d image", *[r[2] for r in (fused_r, plain_r)]),
+                        ("d context", *[r[3] for r in (fused_r, plain_r)])):
+        assert ((a - b).norm() / b.norm()).item() < 2e-2, label
+    for name, grad in plain_r[4].items():
+        assert ((fused_r[4][name] - grad).norm() / grad.norm().clamp_min(1e-12)).item() < 5e-2, name
+
+
+@needs_cuda
+def test_fused_block_compiles_without_graph_breaks():
+    device = torch.device("cuda")
+    _, fused = _sd3_block_pair(device)
+    hidden = torch.randn(2, 256, 1536, device=device)
+    context, temb = torch.randn(2, 154, 1536, device=device), torch.randn(2, 1536, device=device)
+    torch._dynamo.reset()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(fused)(hidden, context, temb)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1

@@ -1,0 +1,379 @@
+"""adaLN-Zero's LayerNorm and modulation (with the gated residual before it) as one Triton kernel each way.
+
+Every SD3 joint block normalises its two streams twice: `y = LayerNorm(x) * (1 + scale) + shift` with a shift
+and scale per sample, and before the second norm `x = x + gate * attention_output`. Compiled by Inductor that is a
+two-pass reduction over each 1536-wide row in the forward, and in the backward a LayerNorm gradient plus separate
+reductions over the tokens for the shift, scale and gate gradients, each reading the activations again. Here the
+forward reads a row once and writes the residual, the normalised row and its statistics; the backward reads each
+row once, writes dx (and the branch's gradient) and keeps the per-sample sums of its rows in registers, which a
+small second pass adds up.
+
+The kernels run on CUDA (and on the CPU under Triton's interpreter, TRITON_INTERPRET=1, which the tests use). Each
+is a PyTorch custom op with its backward, so torch.compile keeps a block in one graph around them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import UserError
+
+
+def backward_rows(rows: int) -> int:
+    """Rows of one sample that one backward program walks through and sums over: 32 where there are enough rows
+    to fill an H100/H200 with such programs (SD3's 4096 image tokens x batch 8: 1024 programs) and few partial
+    sums to add up afterwards; 8 for short streams (the 154 text tokens), which would otherwise run on few SMs."""
+    return 32 if rows >= 16384 else 8
+
+
+@functools.cache
+def triton_import_problem() -> str | None:
+    """None when Triton imports, else why not (the kernels need it; torch's CUDA wheels ship it)."""
+    try:
+        import triton.language  # noqa: F401
+    except Exception as e:  # a broken install raises more than ImportError
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The two kernels, defined on first use so that importing this module never needs Triton."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def triton_adaln_forward(X, BRANCH, GATE, SHIFT, SCALE, H, Y, MEAN, RSTD, tokens, channels, mod_stride, eps,
+                       GATED: tl.constexpr, BLOCK_C: tl.constexpr):
+        row = tl.program_id(0)
+        sample = row // tokens
+        cols = tl.arange(0, BLOCK_C)
+        mask = cols < channels
+        offsets = row.to(tl.int64) * channels + cols
+        mod = sample * mod_stride + cols
+        x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+        if GATED:
+            branch = tl.load(BRANCH + offsets, mask=mask, other=0.0).to(tl.float32)
+            gate = tl.load(GATE + mod, mask=mask, other=0.0).to(tl.float32)
+            x = x + gate * branch
+            tl.store(H + offsets, x.to(H.dtype.element_ty), mask=mask)
+        mean = tl.sum(x, axis=0) / channels
+        centered = tl.where(mask, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / channels + eps)
+        shift = tl.load(SHIFT + mod, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(SCALE + mod, mask=mask, other=0.0).to(tl.float32)
+        y = centered * rstd * (1.0 + scale) + shift
+        tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(MEAN + row, mean)
+        tl.store(RSTD + row, rstd)
+
+    @triton.jit
+    def triton_adaln_backward(X, BRANCH, GATE, SCALE, DY, DH, MEAN, RSTD, DX, DBRANCH, PARTIAL, tokens, channels,
+                        mod_stride, parts, samples, GATED: tl.constexpr, HAS_DH: tl.constexpr,
+                        BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+        sample = tl.program_id(0)
+        part = tl.program_id(1)
+        cols = tl.arange(0, BLOCK_C)
+        cmask = cols < channels
+        mod = sample * mod_stride + cols
+        scale = tl.load(SCALE + mod, mask=cmask, other=0.0).to(tl.float32)
+        gate = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if GATED:
+            gate = tl.load(GATE + mod, mask=cmask, other=0.0).to(tl.float32)
+        sum_dy = tl.zeros([BLOCK_C], dtype=tl.float32)
+        sum_dy_xhat = tl.zeros([BLOCK_C], dtype=tl.float32)
+        sum_dh_branch = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for r in range(ROWS):
+            token = part * ROWS + r
+            valid = token < tokens
+            mask = cmask & valid
+            row = sample * tokens + token
+            offsets = row.to(tl.int64) * channels + cols
+            x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+            branch = tl.zeros([BLOCK_C], dtype=tl.float32)
+            if GATED:
+                branch = tl.load(BRANCH + offsets, mask=mask, other=0.0).to(tl.float32)
+                x = x + gate * branch
+            mean = tl.load(MEAN + row, mask=valid, other=0.0)
+            rstd = tl.load(RSTD + row, mask=valid, other=0.0)
+            xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+            dy = tl.load(DY + offsets, mask=mask, other=0.0).to(tl.float32)
+            sum_dy += dy
+            sum_dy_xhat += dy * xhat
+            dxhat = dy * (1.0 + scale)
+            mean_dxhat = tl.sum(dxhat, axis=0) / channels
+            mean_dxhat_xhat = tl.sum(dxhat * xhat, axis=0) / channels
+            dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd
+            if HAS_DH:
+                dx += tl.load(DH + offsets, mask=mask, other=0.0).to(tl.float32)
+            tl.store(DX + offsets, dx.to(DX.dtype.element_ty), mask=mask)
+            if GATED:
+                tl.store(DBRANCH + offsets, (dx * gate).to(DBRANCH.dtype.element_ty), mask=mask)
+                sum_dh_branch += dx * branch
+        # PARTIAL is (3, samples, parts, channels): the shift, scale and gate gradients of this program's rows.
+        out = (sample * parts + part).to(tl.int64) * channels + cols
+        plane = samples * parts * channels
+        tl.store(PARTIAL + out, sum_dy, mask=cmask)
+        tl.store(PARTIAL + plane + out, sum_dy_xhat, mask=cmask)
+        if GATED:
+            tl.store(PARTIAL + 2 * plane + out, sum_dh_branch, mask=cmask)
+
+    return triton_adaln_forward, triton_adaln_backward
+
+
+def _launch_options(channels: int) -> dict[str, int]:
+    import triton
+
+    block = triton.next_power_of_2(channels)
+    return {"BLOCK_C": block, "num_warps": 8 if block >= 2048 else 4 if block >= 512 else 1}
+
+
+def _check(x: torch.Tensor, shift: torch.Tensor) -> None:
+    if x.dim() != 3 or shift.dim() != 2 or shift.shape != (x.shape[0], x.shape[2]):
+        raise ValueError(f"adaLN expects x (batch, tokens, channels) and shift/scale/gate (batch, channels); got "
+                         f"{tuple(x.shape)} and {tuple(shift.shape)}")
+
+
+def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | None, shift: torch.Tensor,
+             scale: torch.Tensor, eps: float, out_dtype: torch.dtype):
+    _check(x, shift)
+    batch, tokens, channels = x.shape
+    x = x.contiguous()
+    gated = branch is not None
+    h = torch.empty_like(x) if gated else x
+    y = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+    mean = torch.empty((batch * tokens,), device=x.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    mods = [t.contiguous() for t in (gate if gated else shift, shift, scale)]
+    forward_kernel, _ = _kernels()
+    forward_kernel[(batch * tokens,)](x, branch.contiguous() if gated else x, mods[0], mods[1], mods[2], h, y, mean,
+                                      rstd, tokens, channels, channels, eps, GATED=gated,
+                                      **_launch_options(channels))
+    return h, y, mean, rstd
+
+
+def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch: torch.Tensor | None,
+              gate: torch.Tensor | None, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor):
+    batch, tokens, channels = x.shape
+    gated = branch is not None
+    rows = backward_rows(batch * tokens)
+    parts = -(-tokens // rows)
+    dx = torch.empty_like(x)
+    dbranch = torch.empty_like(branch) if gated else dx
+    partial = torch.empty((3, batch, parts, channels), device=x.device, dtype=torch.float32)
+    dy = dy.contiguous()
+    _, backward_kernel = _kernels()
+    backward_kernel[(batch, parts)](x, branch if gated else x, gate.contiguous() if gated else scale,
+                                    scale.contiguous(), dy, dh.contiguous() if dh is not None else dy, mean, rstd,
+                                    dx, dbranch, partial, tokens, channels, channels, parts, batch, GATED=gated,
+                                    HAS_DH=dh is not None, ROWS=rows, **_launch_options(channels))
+    dgate = partial[2].sum(dim=1) if gated else None
+    return dx, dbranch, partial[0].sum(dim=1), partial[1].sum(dim=1), dgate
+
+
+# -- custom ops ---------------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("sd3cluster::adaln", mutates_args=())
+def adaln_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+             out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd): y = LayerNorm(x) * (1 + scale) + shift in out_dtype; the row statistics for the backward."""
+    _, y, mean, rstd = _forward(x, None, None, shift, scale, eps, out_dtype)
+    return y, mean, rstd
+
+
+@torch.library.custom_op("sd3cluster::gated_adaln", mutates_args=())
+def gated_adaln_op(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                   scale: torch.Tensor, eps: float,
+                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h, y, mean, rstd): h = x + gate * branch (x's dtype), y = adaLN of h as in adaln_op."""
+    return _forward(x, branch, gate, shift, scale, eps, out_dtype)
+
+
+@torch.library.custom_op("sd3cluster::adaln_backward", mutates_args=())
+def adaln_backward_op(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor,
+                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dshift, dscale), the two sums over tokens in fp32."""
+    dx, _, dshift, dscale, _ = _backward(dy, None, x, None, None, scale, mean, rstd)
+    return dx, dshift, dscale
+
+
+@torch.library.custom_op("sd3cluster::gated_adaln_backward", mutates_args=())
+def gated_adaln_backward_op(dh: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, branch: torch.Tensor,
+                            gate: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dbranch, dgate, dshift, dscale): dx = dh + the norm's gradient (x, h and the residual share it)."""
+    dx, dbranch, dshift, dscale, dgate = _backward(dy, dh, x, branch, gate, scale, mean, rstd)
+    return dx, dbranch, dgate, dshift, dscale
+
+
+def _stats(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0] * x.shape[1],), dtype=torch.float32)
+
+
+@adaln_op.register_fake
+def _(x, shift, scale, eps, out_dtype):
+    return x.new_empty(x.shape, dtype=out_dtype), _stats(x), _stats(x)
+
+
+@gated_adaln_op.register_fake
+def _(x, branch, gate, shift, scale, eps, out_dtype):
+    return torch.empty_like(x), x.new_empty(x.shape, dtype=out_dtype), _stats(x), _stats(x)
+
+
+@adaln_backward_op.register_fake
+def _(dy, x, scale, mean, rstd):
+    sums = x.new_empty((x.shape[0], x.shape[2]), dtype=torch.float32)
+    return torch.empty_like(x), sums, sums.clone()
+
+
+@gated_adaln_backward_op.register_fake
+def _(dh, dy, x, branch, gate, scale, mean, rstd):
+    sums = x.new_empty((x.shape[0], x.shape[2]), dtype=torch.float32)
+    return torch.empty_like(x), torch.empty_like(branch), sums, sums.clone(), sums.clone()
+
+
+def _adaln_setup(ctx, inputs, output) -> None:
+    x, shift, scale, _eps, _dtype = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, scale, mean, rstd)
+    ctx.dtypes = (shift.dtype, scale.dtype)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _adaln_backward(ctx, dy, _dmean, _drstd):
+    x, scale, mean, rstd = ctx.saved_tensors
+    dx, dshift, dscale = adaln_backward_op(dy, x, scale, mean, rstd)
+    return dx, dshift.to(ctx.dtypes[0]), dscale.to(ctx.dtypes[1]), None, None
+
+
+def _gated_setup(ctx, inputs, output) -> None:
+    x, branch, gate, shift, scale, _eps, _dtype = inputs
+    _, _, mean, rstd = output
+    ctx.save_for_backward(x, branch, gate, scale, mean, rstd)
+    ctx.dtypes = (gate.dtype, shift.dtype, scale.dtype)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _gated_backward(ctx, dh, dy, _dmean, _drstd):
+    x, branch, gate, scale, mean, rstd = ctx.saved_tensors
+    dh = torch.zeros_like(x) if dh is None else dh
+    dy = torch.zeros(x.shape, device=x.device, dtype=branch.dtype) if dy is None else dy
+    dx, dbranch, dgate, dshift, dscale = gated_adaln_backward_op(dh, dy, x, branch, gate, scale, mean, rstd)
+    gate_dtype, shift_dtype, scale_dtype = ctx.dtypes
+    return dx, dbranch, dgate.to(gate_dtype), dshift.to(shift_dtype), dscale.to(scale_dtype), None, None
+
+
+adaln_op.register_autograd(_adaln_backward, setup_context=_adaln_setup)
+gated_adaln_op.register_autograd(_gated_backward, setup_context=_gated_setup)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """What the normalised rows feed: a linear layer, which under autocast computes in autocast's dtype."""
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+
+
+def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm(x) * (1 + scale[:, None]) + shift[:, None] (no affine parameters), in the dtype its consumer uses."""
+    return adaln_op(x, shift, scale, eps, _compute_dtype(x))[0]
+
+
+def gated_adaln(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                scale: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, adaln(h, shift, scale)) with h = x + gate[:, None] * branch: the residual update and the next norm."""
+    h, y, _, _ = gated_adaln_op(x, branch, gate, shift, scale, eps, _compute_dtype(x))
+    return h, y
+
+
+# -- the joint block ----------------------------------------------------------------------------------------------
+
+NORM_KINDS = ("auto", "torch", "triton")
+
+
+def resolve_norm(name: str, device: torch.device) -> tuple[str, str]:
+    """(kind, why) for model.norm: triton (the fused kernels) or torch (diffusers' modules, compiled or not).
+    auto takes triton on CUDA when it imports."""
+    if name not in NORM_KINDS:
+        raise UserError(f"model.norm={name!r}; choose one of {', '.join(NORM_KINDS)}")
+    if name == "torch":
+        return "torch", "torch (asked for)"
+    problem = "not a CUDA device" if device.type != "cuda" else triton_import_problem()
+    if problem is None:
+        return "triton", "triton (fused adaLN LayerNorm + modulation + gated residual)" + \
+            (" (auto)" if name == "auto" else " (asked for)")
+    if name == "auto":
+        return "torch", f"torch (auto: {problem})"
+    raise UserError(f"model.norm=triton needs a CUDA device with Triton ({problem}); set model.norm=auto or torch")
+
+
+def _plain_zero_norm(module: nn.Module) -> bool:
+    """diffusers' AdaLayerNormZero with a plain LayerNorm (no affine) and its six-way modulation."""
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    norm = getattr(module, "norm", None)
+    return (type(module) is AdaLayerNormZero and module.emb is None and type(norm) is nn.LayerNorm
+            and not norm.elementwise_affine)
+
+
+def _plain_layer_norm(module: nn.Module) -> bool:
+    return type(module) is nn.LayerNorm and not module.elementwise_affine
+
+
+def _modulation(norm: nn.Module, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return norm.linear(norm.silu(temb)).chunk(6, dim=1)
+
+
+def _stream(x: torch.Tensor, mods: tuple[torch.Tensor, ...], norm1_eps: float) -> torch.Tensor:
+    shift_msa, scale_msa = mods[0], mods[1]
+    return adaln(x, shift_msa, scale_msa, norm1_eps)
+
+
+def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, mods: tuple[torch.Tensor, ...], norm2: nn.LayerNorm,
+                     ff: nn.Module) -> torch.Tensor:
+    _, _, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
+    h, y = gated_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2.eps)
+    return h + gate_mlp.unsqueeze(1) * ff(y)
+
+
+def fuse_norms(model: nn.Module) -> int:
+    """Run the adaLN norms of every joint block that has the plain layout (both streams modulated six ways, no
+    second attention, no chunked feed-forward) through the fused kernels on CUDA; others, and any call off CUDA,
+    keep diffusers' forward. Parameters and their names are unchanged. Returns how many blocks were fused."""
+    from diffusers.models.attention import JointTransformerBlock
+
+    class FusedNormJointBlock(JointTransformerBlock):
+        def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor,
+                    joint_attention_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            if not (hidden_states.is_cuda or _interpreting()):
+                return super().forward(hidden_states, encoder_hidden_states, temb, joint_attention_kwargs)
+            img = _modulation(self.norm1, temb)
+            txt = _modulation(self.norm1_context, temb)
+            attn_img, attn_txt = self.attn(
+                hidden_states=_stream(hidden_states, img, self.norm1.norm.eps),
+                encoder_hidden_states=_stream(encoder_hidden_states, txt, self.norm1_context.norm.eps),
+                **(joint_attention_kwargs or {}))
+            hidden_states = _after_attention(hidden_states, attn_img, img, self.norm2, self.ff)
+            encoder_hidden_states = _after_attention(encoder_hidden_states, attn_txt, txt, self.norm2_context,
+                                                     self.ff_context)
+            return encoder_hidden_states, hidden_states
+
+    fused = 0
+    for module in model.modules():
+        if type(module) is not JointTransformerBlock or module.use_dual_attention or module.context_pre_only:
+            continue
+        if module._chunk_size is not None or not (_plain_zero_norm(module.norm1)
+                                                  and _plain_zero_norm(module.norm1_context)
+                                                  and _plain_layer_norm(module.norm2)
+                                                  and _plain_layer_norm(module.norm2_context)):
+            continue
+        module.__class__ = FusedNormJointBlock
+        fused += 1
+    return fused

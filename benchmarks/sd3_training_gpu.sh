@@ -3,7 +3,7 @@
 # all in one call. Usage (from the repository root, wheels of the optional `fa4` extra and of diffusers & co.
 # under WHEELS, results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
-#     [norms] [fa4bwd] [knobs] [knobs2] [caches]
+#     [normtests] [norms] [fa4bwd] [knobs] [knobs2] [caches]
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -57,7 +57,9 @@ for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s
   # reductions are allowed past 1024 elements: multi_kernel compiles both and keeps the faster at run time.
   knobs) TORCHINDUCTOR_MULTI_KERNEL=1 bench opt-multikernel-1024 sd3-medium:1024:8:optimized ;;
   knobs2) TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench opt-coordinate-1024 sd3-medium:1024:8:optimized ;;
-  norms) bench opt-1024 sd3-medium:1024:8:optimized
+  normtests) python3 -m pytest -q tests/workloads/test_fused_norm.py 2>&1 | tail -3 ;;
+  norms) python3 benchmarks/adaln_kernels.py 2>&1 | grep -E "ms|Error" | tail -6
+         bench opt-1024 sd3-medium:1024:8:optimized
          bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch ;;
   # quack's tuned GEMM configurations and compiled kernels, for the next machine (QUACK_HOME)
   caches) tar -C "$HOME" -cJf "$OUT/quack-cache.tar.xz" .quack && ls -la "$OUT/quack-cache.tar.xz" ;;

@@ -1,11 +1,12 @@
 """The fused adaLN kernels (model.norm=triton) against PyTorch's LayerNorm and diffusers' joint block.
 
-The kernel tests run the Triton kernels on the CPU under Triton's interpreter (TRITON_INTERPRET=1) where Triton
-is installed (requirements.txt has it), and say skip elsewhere; the GPU tests run the compiled kernels where CUDA
-is present (the GPU machine: see benchmarks/sd3_training.md for the command).
+The kernel tests run the Triton kernels on the CPU under Triton's interpreter where Triton is installed
+(requirements.txt has it; conftest.py turns the interpreter on without a GPU), and say skip elsewhere; the GPU tests
+run the compiled kernels where CUDA is present (the GPU machine: see benchmarks/sd3_training.md for the command).
 """
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -16,16 +17,9 @@ from sd3cluster.errors import UserError
 from sd3cluster.fused_norm import fuse_norms, resolve_norm
 from sd3cluster.models import build_transformer
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """The kernels defined anew under Triton's interpreter, and defined anew again afterwards."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    fused_norm._kernels.cache_clear()
-    yield
-    fused_norm._kernels.cache_clear()
+interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs Triton's interpreter (Triton installed, no GPU)")
 
 
 def _reference(x, branch, gate, shift, scale, eps):
@@ -47,9 +41,9 @@ def _inputs(gated, dtype=torch.float64, batch=2, tokens=37, channels=48):
     return x, branch, gate, leaf(batch, channels), leaf(batch, channels)
 
 
-@needs_triton
+@interpreter
 @pytest.mark.parametrize("gated", [False, True], ids=["adaln", "gated_adaln"])
-def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(interpreter, gated):
+def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated):
     x, branch, gate, shift, scale = _inputs(gated)
     leaves = [t for t in (x, branch, gate, shift, scale) if t is not None]
     gen = torch.Generator().manual_seed(4)
@@ -71,8 +65,8 @@ def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(interpreter
         torch.testing.assert_close(g, e, rtol=0, atol=5e-5, msg=lambda m, n=name: f"d{n}: {m}")
 
 
-@needs_triton
-def test_kernels_catch_a_wrong_statistic(interpreter):
+@interpreter
+def test_kernels_catch_a_wrong_statistic():
     """The comparison above can fail: a norm with the wrong epsilon is off by more than its tolerance."""
     x, _, _, shift, scale = _inputs(False, channels=8)
     x = (x * 1e-3).detach()  # tiny variance, where epsilon matters
@@ -80,8 +74,8 @@ def test_kernels_catch_a_wrong_statistic(interpreter):
     assert (fused_norm.adaln(x, shift, scale, 1e-2) - y).abs().max() > 1e-3
 
 
-@needs_triton
-def test_fused_block_equals_diffusers_in_output_and_every_gradient(interpreter):
+@interpreter
+def test_fused_block_equals_diffusers_in_output_and_every_gradient():
     plain, fused = build_transformer("tiny"), build_transformer("tiny")
     names = list(fused.state_dict())
     # tiny: two joint blocks; the last has no modulated context stream (context_pre_only) and keeps diffusers'
@@ -103,8 +97,9 @@ def test_fused_block_equals_diffusers_in_output_and_every_gradient(interpreter):
         torch.testing.assert_close(grads_f[name], grad, rtol=1e-3, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_fused_block_keeps_diffusers_forward_off_cuda():
+def test_fused_block_keeps_diffusers_forward_off_cuda(monkeypatch):
     """Without the interpreter a CPU call is diffusers' own forward, to the last bit."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     plain, fused = build_transformer("tiny"), build_transformer("tiny")
     fuse_norms(fused)
     block_p, block_f = plain.transformer_blocks[0], fused.transformer_blocks[0]

@@ -7,7 +7,7 @@ modulation as under autocast), forward and forward + backward of
 once as the PyTorch expression compiled by torch.compile and once through sd3cluster.fused_norm, and the bytes
 each must move at least, as a rate against the GPU's memory bandwidth. GPU only:
 
-    PYTHONPATH=workloads/src python3 benchmarks/adaln_kernels.py [--tokens 4096] [--batch 8]
+    PYTHONPATH=workloads/src python3 benchmarks/adaln_kernels.py [--tokens 4096] [--batch 8] [--rows 32]
 """
 
 from __future__ import annotations
@@ -46,8 +46,13 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--channels", type=int, default=1536)
+    parser.add_argument("--rows", type=int, help="rows per backward program (default: fused_norm.backward_rows)")
     args = parser.parse_args()
+    from sd3cluster import fused_norm
     from sd3cluster.fused_norm import adaln, gated_adaln
+
+    if args.rows:
+        fused_norm.backward_rows = lambda _rows: args.rows
 
     b, n, c = args.batch, args.tokens, args.channels
     dev = torch.device("cuda")
@@ -80,7 +85,7 @@ def main() -> int:
             # norm2 fwd also reads the branch (2) and writes h (4); bwd reads dh (4) and the branch, writes dbranch
             least = element * ((6 + 10) if kind == 1 else (12 + 18))
             print(f"{name:22s} forward {fwd:6.3f} ms   forward+backward {both:6.3f} ms   "
-                  f"{least / both / 1e9:6.0f} GB/s of least traffic", flush=True)
+                  f"{least / both / 1e6:6.0f} GB/s of least traffic", flush=True)
     return 0
 
 

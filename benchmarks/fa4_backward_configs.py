@@ -76,7 +76,7 @@ def main() -> int:
             grads = interface._flash_attn_bwd(q, k, v, out, dout, lse)
             ms = time_ms(lambda: interface._flash_attn_bwd(q, k, v, out, dout, lse), args.iters)
         except Exception as e:  # a configuration the kernel cannot build at this shape
-            print(f"{name:12s} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
+            print(f"{name:12s} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}", flush=True)
             rows.append({"name": name, "change": change, "error": f"{type(e).__name__}: {e}"[:500]})
             continue
         finally:

@@ -3,7 +3,7 @@
 # all in one call. Usage (from the repository root, wheels of the optional `fa4` extra and of diffusers & co.
 # under WHEELS, results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
-#     [normtests] [norms] [fa4bwd] [knobs] [knobs2] [caches]
+#     [normtests] [norms] [fa4bwd] [knobs] [knobs2] [caches] [restore] [final]
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -25,6 +25,17 @@ bench() {  # NAME CASE [extra args]: one case, one process
   python3 benchmarks/sd3_throughput.py --case "$case" --steps 10 --warmup 3 --out "$OUT/$name.json" "$@" 2>&1 \
     | grep -v "^|" | grep -E "^\[|images/s|TFLOP|failed|memory|Error" | tail -40
 }
+train_run() {  # sd3cluster train itself, its metrics.jsonl read
+  echo "== sd3cluster train, 1024^2, batch 8, 40 steps, a log line every 10"
+  rm -rf /tmp/train-run
+  python3 -m sd3cluster train --device cuda --set model.preset=sd3-medium --set data.resolution=1024 \
+    --set data.batch_size=8 --set data.synthetic_samples=400 --set train.steps=40 --set train.log_every=10 \
+    --set output.dir=/tmp/train-run --set output.progress=false --set output.tensorboard=false 2>&1 \
+    | grep -E "^(model|attention|done)|Error" | tail -5
+  cp /tmp/train-run/metrics.jsonl "$OUT/train-1024.jsonl" && python3 -c "
+import json; rows=[json.loads(l) for l in open('$OUT/train-1024.jsonl')]
+for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s (over the last 10 steps), MFU {r['mfu']:.3f}\")"
+}
 for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   tests) python3 -m pytest -q tests/workloads/test_attention.py tests/workloads/test_fused_mlp.py \
            tests/workloads/test_fused_norm.py 2>&1 | tail -5 ;;
@@ -33,15 +44,7 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   1024) bench ref-1024 sd3-medium:1024:8:reference
         bench opt-1024 sd3-medium:1024:8:optimized
         bench opt-cudnn-1024 sd3-medium:1024:8:optimized:attn=cudnn ;;
-  train) echo "== sd3cluster train, 1024^2, batch 8, 40 steps, a log line every 10"
-         rm -rf /tmp/train-run
-         python3 -m sd3cluster train --device cuda --set model.preset=sd3-medium --set data.resolution=1024 \
-           --set data.batch_size=8 --set data.synthetic_samples=400 --set train.steps=40 --set train.log_every=10 \
-           --set output.dir=/tmp/train-run --set output.progress=false --set output.tensorboard=false 2>&1 \
-           | grep -E "^(model|attention|done)|Error" | tail -5
-         cp /tmp/train-run/metrics.jsonl "$OUT/train-1024.jsonl" && python3 -c "
-import json; rows=[json.loads(l) for l in open('$OUT/train-1024.jsonl')]
-for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s (over the last 10 steps), MFU {r['mfu']:.3f}\")" ;;
+  train) train_run ;;
   512) bench ref-512 sd3-medium:512:32:reference
        bench opt-512 sd3-medium:512:32:optimized ;;
   split) bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
@@ -56,11 +59,23 @@ for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s
   # Inductor's reductions over SD3's 1536 channels are looped (two passes over a row) unless persistent
   # reductions are allowed past 1024 elements: multi_kernel compiles both and keeps the faster at run time.
   knobs) TORCHINDUCTOR_MULTI_KERNEL=1 bench opt-multikernel-1024 sd3-medium:1024:8:optimized ;;
-  knobs2) TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench opt-coordinate-1024 sd3-medium:1024:8:optimized ;;
-  normtests) python3 -m pytest -q tests/workloads/test_fused_norm.py 2>&1 | tail -3 ;;
+  knobs2) TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench opt-coordinate-1024 sd3-medium:1024:8:optimized ;;
+  normtests) python3 -m pytest -q tests/workloads/test_fused_norm.py tests/workloads/test_optim.py 2>&1 | tail -3
+             for rows in 32 16 64; do echo "-- backward rows per program: $rows"
+               python3 benchmarks/adaln_kernels.py --rows $rows 2>&1 | grep -E "ms|Error" | tail -4; done ;;
   norms) python3 benchmarks/adaln_kernels.py 2>&1 | grep -E "ms|Error" | tail -6
          bench opt-1024 sd3-medium:1024:8:optimized
          bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch ;;
-  # quack's tuned GEMM configurations and compiled kernels, for the next machine (QUACK_HOME)
+  # quack's tuned GEMM configurations, for the next machine: `caches` saves them, `restore` (CACHE=the tar) puts
+  # them back, which saves its tuning (about 3 minutes at a new shape) in the first step
   caches) tar -C "$HOME" -cJf "$OUT/quack-cache.tar.xz" .quack && ls -la "$OUT/quack-cache.tar.xz" ;;
+  restore) tar -C "$HOME" -xJf "${CACHE:?set CACHE to a quack-cache.tar.xz}" && echo "quack cache restored" ;;
+  # the comparison of the performance targets: one call, each case its own process
+  final) bench ref-1024 sd3-medium:1024:8:reference
+         bench opt-1024 sd3-medium:1024:8:optimized
+         train_run
+         bench ref-512 sd3-medium:512:32:reference
+         bench opt-512 sd3-medium:512:32:optimized
+         bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch
+         bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
 esac; done; done

@@ -17,19 +17,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
-
-def time_ms(fn, iters: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+from cuda_timing import time_cuda
 
 
 def torch_norm1(x, shift, scale):
@@ -72,7 +60,7 @@ def main() -> int:
         }
         element = b * n * c
         for name, (forward, outputs, kind) in cases.items():
-            fwd = time_ms(lambda f=forward: f())
+            fwd = time_cuda(lambda f=forward: f(), iters=30) * 1e3
 
             def step(f=forward, o=outputs, k=kind):
                 outs = o(f())
@@ -80,7 +68,7 @@ def main() -> int:
                 inputs = [x, shift, scale] if k == 1 else [x, branch, gate, shift, scale]
                 torch.autograd.grad(outs, inputs, grads)  # no accumulation into .grad, which both would pay
 
-            both = time_ms(step)
+            both = time_cuda(step, iters=30) * 1e3
             # least traffic: norm1 fwd reads x (4 B) writes y (2), bwd reads x, dy, writes dx (4+2+4);
             # norm2 fwd also reads the branch (2) and writes h (4); bwd reads dh (4) and the branch, writes dbranch
             least = element * ((6 + 10) if kind == 1 else (12 + 18))

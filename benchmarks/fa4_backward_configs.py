@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
+from cuda_timing import time_cuda
 
 # name -> changes to the default hdim-64 configuration (interface.BwdConfig fields)
 CANDIDATES: dict[str, dict] = {
@@ -32,18 +33,6 @@ CANDIDATES: dict[str, dict] = {
     "stagesPdS1": dict(num_stages_PdS=1),
     "wg3_m192": dict(m_block_size=192, num_wg=3, AtomLayoutNdKV=3, AtomLayoutMdQ=3),
 }
-
-
-def time_ms(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main() -> int:
@@ -74,7 +63,7 @@ def main() -> int:
         interface._tile_size_bwd_sm90 = lambda *a, _c=config, **kw: _c
         try:
             grads = interface._flash_attn_bwd(q, k, v, out, dout, lse)
-            ms = time_ms(lambda: interface._flash_attn_bwd(q, k, v, out, dout, lse), args.iters)
+            ms = time_cuda(lambda: interface._flash_attn_bwd(q, k, v, out, dout, lse), args.iters, warmup=1) * 1e3
         except Exception as e:  # a configuration the kernel cannot build at this shape
             print(f"{name:12s} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}", flush=True)
             rows.append({"name": name, "change": change, "error": f"{type(e).__name__}: {e}"[:500]})

@@ -24,21 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads" / "src"))
 
+from cuda_timing import time_cuda
 from sd3cluster.bench import BenchResult, Variant, format_table, run_variant
 from sd3cluster.config import load_config
-
-
-def time_cuda(fn, iters: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
 
 
 def sdpa_microbench(batch: int = 8, heads: int = 24, seq: int = 4250, head_dim: int = 64) -> list[str]:

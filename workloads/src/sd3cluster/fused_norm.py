@@ -167,11 +167,11 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
     gated = branch is not None
     rows = backward_rows(batch * tokens)
     parts = -(-tokens // rows)
+    x, dy = x.contiguous(), dy.contiguous()  # the kernel walks rows of `channels` elements
+    branch = branch.contiguous() if gated else None
     dx = torch.empty_like(x)
     dbranch = torch.empty_like(branch) if gated else dx
     partial = torch.empty((3, batch, parts, channels), device=x.device, dtype=torch.float32)
-    x, dy = x.contiguous(), dy.contiguous()  # the kernel walks rows of `channels` elements
-    branch = branch.contiguous() if gated else None
     _, backward_kernel = _kernels()
     backward_kernel[(batch, parts)](x, branch if gated else x, gate.contiguous() if gated else scale,
                                     scale.contiguous(), dy, dh.contiguous() if dh is not None else dy, mean, rstd,

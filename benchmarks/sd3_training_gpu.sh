@@ -75,8 +75,8 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   final) bench ref-1024 sd3-medium:1024:8:reference
          bench opt-1024 sd3-medium:1024:8:optimized
          train_run
+         bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch
          bench ref-512 sd3-medium:512:32:reference
          bench opt-512 sd3-medium:512:32:optimized
-         bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch
          bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
 esac; done; done

@@ -44,3 +44,34 @@ def test_fused_adamw_names_the_optimizers_that_take_the_fold():
 def test_clip_divisor_is_one_under_the_limit_and_the_ratio_above():
     assert clip_divisor(torch.tensor(0.5), 1.0).item() == 1.0
     assert clip_divisor(torch.tensor(4.0), 2.0).item() == pytest.approx(2.0, rel=1e-6)
+
+
+def test_trainer_step_clips_inside_fused_adamw_as_clip_grad_norm_does(tmp_path):
+    """The Trainer's two clip paths on the same tiny run: equal norms, parameters and moments after a step (CPU
+    trainers take the non-fused AdamW, so both get a fused one here; a tiny limit makes the clip bite)."""
+    from sd3cluster.config import Config
+    from sd3cluster.dist import local_runtime
+    from sd3cluster.optim import make_warmup
+    from sd3cluster.train import Trainer
+
+    cfg = Config.model_validate({"model": {"preset": "tiny"}, "optim": {"grad_clip": 1e-3},
+                                 "data": {"synthetic_samples": 4, "resolution": 64, "batch_size": 2},
+                                 "output": {"dir": str(tmp_path)}})
+    runs = {}
+    for fold in (False, True):
+        trainer = Trainer(cfg, local_runtime(torch.device("cpu")))
+        trainer.optimizer = torch.optim.AdamW(trainer.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                                              fused=True)
+        trainer.scheduler = make_warmup(trainer.optimizer, cfg.optim.warmup_steps)
+        trainer.clip_in_optimizer = fold
+        metrics = trainer.train_step()
+        runs[fold] = (metrics, [p.detach().clone() for p in trainer.params],
+                      [trainer.optimizer.state[p]["exp_avg"].clone() for p in trainer.params])
+        trainer.close()
+    (m_clip, p_clip, avg_clip), (m_fold, p_fold, avg_fold) = runs[False], runs[True]
+    assert m_fold["grad_norm"] == pytest.approx(m_clip["grad_norm"], rel=1e-6) and m_clip["grad_norm"] > 1e-2
+    for got, expected in zip(p_fold + avg_fold, p_clip + avg_clip, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-9)
+    # the moments hold clipped gradients: (1 - beta1) x gradient x (limit / norm), their norm about 0.1 x 1e-3
+    moment_norm = torch.nn.utils.get_total_norm(avg_fold).item()
+    assert moment_norm == pytest.approx((1 - cfg.optim.betas[0]) * 1e-3, rel=1e-3)

@@ -102,7 +102,7 @@ class Trainer:
         self.optimizer = make_optimizer(groups, cfg.optim, rt.device)
         # Fused AdamW reads every gradient anyway: it applies the clip (as its grad_scale divisor) in that pass,
         # which saves clip_grad_norm_'s own read and write of all gradients. FSDP's norms are DTensors: not there.
-        self.clip_in_optimizer = fused_adamw(self.optimizer) and not (rt.distributed and cfg.train.parallel == "fsdp")
+        self.clip_in_optimizer = fused_adamw(self.optimizer) and not self.fsdp
         # LoRA checkpoints hold the adapters and their optimizer state only: the frozen base is rebuilt from
         # model.pretrained (or the preset's seeded init) and is not saved again with every step.
         self.state_options = StateDictOptions(ignore_frozen_params=self.lora is not None)
@@ -201,13 +201,12 @@ class Trainer:
                                  batch.pooled.to(in_dtype), noise.to(in_dtype), sigmas.to(in_dtype)) / accum
             loss.backward()
             total += loss.detach()
-        if cfg.optim.grad_clip > 0 and self.clip_in_optimizer:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-            self.optimizer.grad_scale = clip_divisor(norm, cfg.optim.grad_clip)
-        elif cfg.optim.grad_clip > 0:
+        if cfg.optim.grad_clip > 0 and not self.clip_in_optimizer:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            if cfg.optim.grad_clip > 0:
+                self.optimizer.grad_scale = clip_divisor(norm, cfg.optim.grad_clip)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         self.optimizer.step()

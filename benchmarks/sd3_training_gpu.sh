@@ -61,7 +61,7 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   # reductions are allowed past 1024 elements: multi_kernel compiles both and keeps the faster at run time.
   knobs) TORCHINDUCTOR_MULTI_KERNEL=1 bench opt-multikernel-1024 sd3-medium:1024:8:optimized ;;
   knobs2) TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench opt-coordinate-1024 sd3-medium:1024:8:optimized ;;
-  normtests) python3 -m pytest -q tests/workloads/test_fused_norm.py tests/workloads/test_optim.py 2>&1 | tail -3 ;;
+  normtests) python3 -m pytest -q tests/workloads/test_fused_norm.py 2>&1 | tail -3 ;;
   normrows) for rows in 32 16 64; do echo "-- backward rows per program: $rows"
                python3 benchmarks/adaln_kernels.py --rows $rows 2>&1 | grep -E "ms|Error" | tail -4; done ;;
   norms) python3 benchmarks/adaln_kernels.py 2>&1 | grep -E "ms|Error" | tail -6

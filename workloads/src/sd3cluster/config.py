@@ -76,8 +76,7 @@ class OptimConfig(_Section):
     weight_decay: float = Field(1e-4, ge=0)
     eps: float = Field(1e-8, gt=0)
     warmup_steps: int = Field(0, ge=0)
-    grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 turns clipping off (with fused AdamW the "
-                             "clip is applied inside the optimizer's own pass over the gradients)")
+    grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 turns clipping off")
     fused: bool = Field(True, description="fused AdamW where the device supports it")
     optimizer: Literal["adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "ao_adamw8bit"] = Field(
         "adamw", description="adamw (torch); adamw8bit, paged_adamw8bit, paged_adamw: bitsandbytes' (CUDA only, "

@@ -15,17 +15,6 @@ def make_adamw(params: list[torch.Tensor], cfg: OptimConfig, device: torch.devic
                              fused=fused or None, foreach=None if fused else False)
 
 
-def fused_adamw(optimizer: torch.optim.Optimizer) -> bool:
-    """torch's AdamW with its fused kernel, which takes a gradient divisor (grad_scale) into its one pass."""
-    return type(optimizer) is torch.optim.AdamW and bool(optimizer.defaults.get("fused"))
-
-
-def clip_divisor(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """What clip_grad_norm_ multiplies the gradients by, as the divisor fused AdamW's grad_scale takes:
-    (norm + 1e-6) / max_norm where the norm exceeds max_norm, else 1 (a device tensor: the host does not wait)."""
-    return ((total_norm.float() + 1e-6) / max_norm).clamp(min=1.0)
-
-
 def make_optimizer(params: list, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     """optim.optimizer's choice over `params` (tensors, or param groups with their own lr)."""
     if cfg.optimizer == "adamw":

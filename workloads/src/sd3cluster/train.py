@@ -38,7 +38,7 @@ from .models import (
     train_flops_per_image,
     transformer_description,
 )
-from .optim import EMA, clip_divisor, fused_adamw, make_optimizer, make_warmup
+from .optim import EMA, make_optimizer, make_warmup
 from .parallel import parallelize, unwrap
 
 
@@ -100,9 +100,6 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         groups = lora_param_groups(unwrap(self.model), cfg.lora, cfg.optim.lr) if self.lora else self.params
         self.optimizer = make_optimizer(groups, cfg.optim, rt.device)
-        # Fused AdamW reads every gradient anyway: it applies the clip (as its grad_scale divisor) in that pass,
-        # which saves clip_grad_norm_'s own read and write of all gradients. FSDP's norms are DTensors: not there.
-        self.clip_in_optimizer = fused_adamw(self.optimizer) and not self.fsdp
         # LoRA checkpoints hold the adapters and their optimizer state only: the frozen base is rebuilt from
         # model.pretrained (or the preset's seeded init) and is not saved again with every step.
         self.state_options = StateDictOptions(ignore_frozen_params=self.lora is not None)
@@ -201,12 +198,10 @@ class Trainer:
                                  batch.pooled.to(in_dtype), noise.to(in_dtype), sigmas.to(in_dtype)) / accum
             loss.backward()
             total += loss.detach()
-        if cfg.optim.grad_clip > 0 and not self.clip_in_optimizer:
+        if cfg.optim.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-            if cfg.optim.grad_clip > 0:
-                self.optimizer.grad_scale = clip_divisor(norm, cfg.optim.grad_clip)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         self.optimizer.step()

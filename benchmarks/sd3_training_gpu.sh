@@ -3,7 +3,7 @@
 # all in one call. Usage (from the repository root, wheels of the optional `fa4` extra and of diffusers & co.
 # under WHEELS, results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
-#     [normtests] [normrows] [norms] [fa4bwd] [knobs] [knobs2] [caches] [restore] [final]
+#     [normtests] [normrows] [norms] [fa4bwd] [knobs] [caches] [restore] [final]
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -60,7 +60,6 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   # Inductor's reductions over SD3's 1536 channels are looped (two passes over a row) unless persistent
   # reductions are allowed past 1024 elements: multi_kernel compiles both and keeps the faster at run time.
   knobs) TORCHINDUCTOR_MULTI_KERNEL=1 bench opt-multikernel-1024 sd3-medium:1024:8:optimized ;;
-  knobs2) TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench opt-coordinate-1024 sd3-medium:1024:8:optimized ;;
   normtests) python3 -m pytest -q tests/workloads/test_fused_norm.py 2>&1 | tail -3 ;;
   normrows) for rows in 32 16 64; do echo "-- backward rows per program: $rows"
                python3 benchmarks/adaln_kernels.py --rows $rows 2>&1 | grep -E "ms|Error" | tail -4; done ;;

@@ -10,6 +10,10 @@ small second pass adds up.
 
 The kernels run on CUDA (and on the CPU under Triton's interpreter, TRITON_INTERPRET=1, which the tests use). Each
 is a PyTorch custom op with its backward, so torch.compile keeps a block in one graph around them.
+
+Measured on an H200 (benchmarks/sd3_training.md, run 12): an SD3-medium training step 0.5-0.8% faster than with
+Inductor's kernels in the compiled block, although alone the backward is slower than what Inductor makes of the same
+expression in isolation: it walks its rows one after the other and waits on memory, which is where to gain next.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def triton_adaln_forward(X, BRANCH, GATE, SHIFT, SCALE, H, Y, MEAN, RSTD, tokens, channels, mod_stride, eps,
-                       GATED: tl.constexpr, BLOCK_C: tl.constexpr):
+                             GATED: tl.constexpr, BLOCK_C: tl.constexpr):
         row = tl.program_id(0)
         sample = row // tokens
         cols = tl.arange(0, BLOCK_C)
@@ -78,8 +82,8 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def triton_adaln_backward(X, BRANCH, GATE, SCALE, DY, DH, MEAN, RSTD, DX, DBRANCH, PARTIAL, tokens, channels,
-                        mod_stride, parts, samples, GATED: tl.constexpr, HAS_DH: tl.constexpr,
-                        BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+                              mod_stride, parts, samples, GATED: tl.constexpr, HAS_DH: tl.constexpr,
+                              BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
         sample = tl.program_id(0)
         part = tl.program_id(1)
         cols = tl.arange(0, BLOCK_C)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The training-speed runs of benchmarks/sd3_training.md on one GPU machine: every case in its own process,
 # all in one call. Usage (from the repository root, wheels of the optional `fa4` extra and of diffusers & co.
-# under WHEELS, results written to OUT):
+# under WHEELS, as benchmarks/gpu_wheels.sh fetches them, the CUTLASS libraries already unpacked into SITE,
+# results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
 #     [normtests] [normrows] [norms] [fa4bwd] [knobs] [caches] [restore] [final]
 set -uo pipefail

@@ -2,7 +2,7 @@
 # The packages benchmarks/sd3_training_gpu.sh installs on the GPU machine, fetched here (that machine reaches no
 # registry): its image has torch, transformers and accelerate but not diffusers, pydantic or the `fa4` extra, and its
 # python3 is 3.12, so the compiled wheels are fetched for cp312. nvidia-cutlass-dsl-libs-cu13's wheel (92 MB) is over
-# what one call carries (64 MiB): it goes unpacked into an xz archive (about 61 MiB, several minutes on 2 cores),
+# what one call carries (64 MiB): it goes unpacked into an xz archive (about 61 MiB, 2-3 minutes on 2 cores),
 # carried alone in a first call that unpacks it into the site folder, before the call that carries WHEELS.
 # Usage: bash benchmarks/gpu_wheels.sh [WHEELS (default .gpuwhl)] [LIBS (default .fa4cu13)]
 set -euo pipefail
@@ -23,7 +23,7 @@ if [ ! -f "$LIBS/cu13.tar.xz" ]; then
   "$PIP" download -q --no-deps -d "$stage" "${BINARY[@]}" nvidia-cutlass-dsl-libs-cu13==4.8.1
   mkdir "$stage/unpacked"
   python3 -m zipfile -e "$stage"/nvidia_cutlass_dsl_libs_cu13-*.whl "$stage/unpacked"
-  echo "packing nvidia-cutlass-dsl-libs-cu13 into $LIBS/cu13.tar.xz (several minutes)"
+  echo "packing nvidia-cutlass-dsl-libs-cu13 into $LIBS/cu13.tar.xz (2-3 minutes)"
   tar -C "$stage/unpacked" -cf - . | xz -T2 -9 > "$LIBS/cu13.tar.xz.part"
   mv "$LIBS/cu13.tar.xz.part" "$LIBS/cu13.tar.xz"
 fi

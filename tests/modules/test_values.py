@@ -2,6 +2,7 @@
 count that may come as text from -e), and every filter that checks inputs shares this one copy."""
 from __future__ import annotations
 
+import math
 import runpy
 from pathlib import Path
 
@@ -20,6 +21,16 @@ def test_text_is_empty_for_none_and_str_otherwise(given, expected):
 @pytest.mark.parametrize("given, expected", [(7, 7), ("7", 7), ("7.9", 7), (7.9, 7), ("x", 0), (None, 0), ("", 0)])
 def test_jinja_int_reads_as_jinja_does(given, expected):
     assert values.jinja_int(given) == expected
+
+
+@pytest.mark.parametrize("given, expected", [(3, 3.0), ("2.5", 2.5), (" 4 ", 4.0)])
+def test_number_reads_numbers_and_numeric_text(given, expected):
+    assert values.number(given) == expected
+
+
+@pytest.mark.parametrize("given", [None, "", "fast", float("nan"), [1]])
+def test_number_is_nan_for_anything_else(given):
+    assert math.isnan(values.number(given))  # every comparison with NaN fails, so a threshold check fails
 
 
 @pytest.mark.parametrize("given, expected", [(True, True), (False, False), ("yes", True), ("On", True),

@@ -44,14 +44,6 @@ def verify_training_threshold(gpu_profile, job_config, world, fraction):
     return row["threshold"] * world
 
 
-def _number(value):
-    """The value as a float; NaN for none or anything that is not a number."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
 def verify_training_check(sbatch, result, job_config, gpu_profile, fraction, nodes, steps, shared_path):
     """The report's check of the training run.
 
@@ -79,7 +71,7 @@ def verify_training_check(sbatch, result, job_config, gpu_profile, fraction, nod
     if not result.get("loss_finite"):
         problems.append(f"no finite loss in {shared_path}/runs/sd3-verify-train-*/metrics.jsonl")
     # `not >=`: a missing or NaN speed under a threshold fails.
-    if min_images_per_s is not None and not (_number(images_per_s) >= min_images_per_s):
+    if min_images_per_s is not None and not (values.number(images_per_s) >= min_images_per_s):
         problems.append(f"{images_per_s} images/s, below the threshold {min_images_per_s:.4g} "
                         f"(hardware profile x {fraction})")
     job_id = (sbatch.get("stdout_lines") or ["none"])[0]

@@ -32,6 +32,14 @@ def jinja_int(value):
             return 0
 
 
+def number(value):
+    """The value as a float, NaN for none or anything that is not a number (so every comparison with it fails)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 def ansible_bool(value):
     """Ansible's `bool` filter: True, 1 and the words yes, on, 1, true, y, t (any case) are true; all else false."""
     if isinstance(value, bool):

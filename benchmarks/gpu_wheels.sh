@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # The packages benchmarks/sd3_training_gpu.sh installs on the GPU machine, fetched here (that machine reaches no
 # registry): its image has torch, transformers and accelerate but not diffusers, pydantic or the `fa4` extra, and its
-# python3 is 3.12, so the compiled wheels are fetched for cp312. nvidia-cutlass-dsl-libs-cu13's wheel (92 MB) is over
-# what one call carries (64 MiB): it goes unpacked into an xz archive (about 61 MiB, 2-3 minutes on 2 cores),
-# carried alone in a first call that unpacks it into the site folder, before the call that carries WHEELS.
+# python3 is 3.12, so the compiled wheels are fetched for cp312. The `fa4` extra's pins are read from
+# workloads/pyproject.toml; the CUTLASS DSL's library wheels take the DSL's version. nvidia-cutlass-dsl-libs-cu13's
+# wheel (92 MB) is over what one call carries (64 MiB): it goes unpacked into an xz archive (about 61 MiB, 2-3
+# minutes on 2 cores), carried alone in a first call that unpacks it into the site folder, before the call that
+# carries WHEELS.
 # Usage: bash benchmarks/gpu_wheels.sh [WHEELS (default .gpuwhl)] [LIBS (default .fa4cu13)]
 set -euo pipefail
 WHEELS=${1:-.gpuwhl} LIBS=${2:-.fa4cu13}
 PIP=${PIP:-.venv/bin/pip}
 mkdir -p "$WHEELS" "$LIBS"
-# Pure-Python wheels (the versions the GPU runs of benchmarks/sd3_training.md used)
-"$PIP" download -q --no-deps -d "$WHEELS" diffusers==0.42.1 importlib_metadata==10.2.0 zipp==4.1.2 \
-  flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
-  einops==0.8.2 pydantic==2.12.5 typing_extensions==4.16.0 annotated-types==0.8.0 typing-inspection==0.4.5
+mapfile -t FA4 < <(python3 -c '
+import tomllib
+for req in tomllib.load(open("workloads/pyproject.toml", "rb"))["project"]["optional-dependencies"]["fa4"]:
+    print(req)')
+DSL=$(printf '%s\n' "${FA4[@]}" | sed -n 's/^nvidia-cutlass-dsl==//p')
 BINARY=(--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64
         --platform manylinux_2_17_x86_64)
-"$PIP" download -q --no-deps -d "$WHEELS" "${BINARY[@]}" pydantic-core==2.41.5 apache-tvm-ffi==0.1.15.post2 \
-  torch-c-dlpack-ext==0.1.5 nvidia-cutlass-dsl-libs-base==4.8.1
+# diffusers and the pydantic these runs used (what the GPU image lacks of the package's own dependencies)
+"$PIP" download -q --no-deps -d "$WHEELS" "${BINARY[@]}" "${FA4[@]}" "nvidia-cutlass-dsl-libs-base==$DSL" \
+  "nvidia-cutlass-dsl-libs-core==$DSL" diffusers==0.42.1 importlib_metadata==10.2.0 zipp==4.1.2 pydantic==2.12.5 \
+  pydantic-core==2.41.5 typing_extensions==4.16.0 annotated-types==0.8.0 typing-inspection==0.4.5
 if [ ! -f "$LIBS/cu13.tar.xz" ]; then
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
-  "$PIP" download -q --no-deps -d "$stage" "${BINARY[@]}" nvidia-cutlass-dsl-libs-cu13==4.8.1
+  "$PIP" download -q --no-deps -d "$stage" "${BINARY[@]}" "nvidia-cutlass-dsl-libs-cu13==$DSL"
   mkdir "$stage/unpacked"
   python3 -m zipfile -e "$stage"/nvidia_cutlass_dsl_libs_cu13-*.whl "$stage/unpacked"
   echo "packing nvidia-cutlass-dsl-libs-cu13 into $LIBS/cu13.tar.xz (2-3 minutes)"

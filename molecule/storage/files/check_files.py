@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Checks every file of a manifest (sha256sum format) in a directory: a brick or the mount.
-Prints JSON: checked, missing, corrupt (names of the first few of each). Reads only.
+Prints JSON: checked, missing, corrupt (names of the first few of each, a missing file with the error its
+stat gave, so a lookup failure of the mount shows apart from a file that is gone). Reads only.
 
 Usage: check_files.py MANIFEST DIRECTORY
 """
+import errno
 import hashlib
 import json
 import os
@@ -17,8 +19,10 @@ def main():
         for line in lines:
             digest, name = line.split()
             path = os.path.join(directory, name)
-            if not os.path.isfile(path):
-                missing.append(name)
+            try:
+                os.stat(path)
+            except OSError as error:
+                missing.append(f"{name} ({errno.errorcode.get(error.errno, error.errno)})")
                 continue
             with open(path, "rb") as data:
                 if hashlib.sha256(data.read()).hexdigest() != digest:

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Checks every file of a manifest (sha256sum format) in a directory: a brick or the mount.
-Prints JSON: checked, missing, corrupt (names of the first few of each, a missing file with the error its
-stat gave, so a lookup failure of the mount shows apart from a file that is gone). Reads only.
+Prints JSON: checked (intact), missing, corrupt, found_after_listing, and the names of the first few missing or
+corrupt files, a missing one with the error its lookup gave. Reads only.
+
+A file whose lookup by name fails is looked up again after a listing of the directory: a GlusterFS client can
+miss a file by name that a listing shows (a rebalance that left a file on its old brick without a pointer on
+the new one). Such a file counts as checked when intact, and in found_after_listing, so the caller can report it.
 
 Usage: check_files.py MANIFEST DIRECTORY
 """
@@ -12,25 +16,38 @@ import os
 import sys
 
 
+def lookup_error(path):
+    """None when the path's lookup succeeds, else the error's name (ENOENT, ESTALE, EIO, ...)."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        return errno.errorcode.get(error.errno, str(error.errno))
+    return None
+
+
 def main():
     manifest, directory = sys.argv[1], sys.argv[2]
-    checked, missing, corrupt = 0, [], []
     with open(manifest, encoding="ascii") as lines:
-        for line in lines:
-            digest, name = line.split()
-            path = os.path.join(directory, name)
-            try:
-                os.stat(path)
-            except OSError as error:
-                missing.append(f"{name} ({errno.errorcode.get(error.errno, error.errno)})")
+        entries = [line.split() for line in lines if line.strip()]
+    failed_lookups = {name: lookup_error(os.path.join(directory, name)) for _, name in entries}
+    failed_lookups = {name: error for name, error in failed_lookups.items() if error}
+    if failed_lookups:
+        os.listdir(directory)
+    checked, found_after_listing, missing, corrupt = 0, 0, [], []
+    for digest, name in entries:
+        path = os.path.join(directory, name)
+        if name in failed_lookups:
+            if lookup_error(path):
+                missing.append(f"{name} ({failed_lookups[name]})")
                 continue
-            with open(path, "rb") as data:
-                if hashlib.sha256(data.read()).hexdigest() != digest:
-                    corrupt.append(name)
-                    continue
-            checked += 1
+            found_after_listing += 1
+        with open(path, "rb") as data:
+            if hashlib.sha256(data.read()).hexdigest() != digest:
+                corrupt.append(name)
+                continue
+        checked += 1
     json.dump({"directory": directory, "checked": checked, "missing": len(missing), "corrupt": len(corrupt),
-               "examples": (missing + corrupt)[:5]}, sys.stdout)
+               "found_after_listing": found_after_listing, "examples": (missing + corrupt)[:5]}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,18 @@ import tomllib
 for req in tomllib.load(open("workloads/pyproject.toml", "rb"))["project"]["optional-dependencies"]["fa4"]:
     print(req)')
 DSL=$(printf '%s\n' "${FA4[@]}" | sed -n 's/^nvidia-cutlass-dsl==//p')
+if [ -z "$DSL" ]; then
+  echo "gpu_wheels.sh: no nvidia-cutlass-dsl==VERSION pin in workloads/pyproject.toml's fa4 extra" >&2
+  exit 1
+fi
 BINARY=(--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64
         --platform manylinux_2_17_x86_64)
 # diffusers and the pydantic these runs used (what the GPU image lacks of the package's own dependencies)
 "$PIP" download -q --no-deps -d "$WHEELS" "${BINARY[@]}" "${FA4[@]}" "nvidia-cutlass-dsl-libs-base==$DSL" \
   "nvidia-cutlass-dsl-libs-core==$DSL" diffusers==0.42.1 importlib_metadata==10.2.0 zipp==4.1.2 pydantic==2.12.5 \
   pydantic-core==2.41.5 typing_extensions==4.16.0 annotated-types==0.8.0 typing-inspection==0.4.5
-if [ ! -f "$LIBS/cu13.tar.xz" ]; then
+# cu13.version names the DSL version the archive holds: a new pin packs it again.
+if [ ! -f "$LIBS/cu13.tar.xz" ] || [ "$(cat "$LIBS/cu13.version" 2>/dev/null)" != "$DSL" ]; then
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   "$PIP" download -q --no-deps -d "$stage" "${BINARY[@]}" "nvidia-cutlass-dsl-libs-cu13==$DSL"
@@ -31,5 +36,6 @@ if [ ! -f "$LIBS/cu13.tar.xz" ]; then
   echo "packing nvidia-cutlass-dsl-libs-cu13 into $LIBS/cu13.tar.xz (2-3 minutes)"
   tar -C "$stage/unpacked" -cf - . | xz -T2 -9 > "$LIBS/cu13.tar.xz.part"
   mv "$LIBS/cu13.tar.xz.part" "$LIBS/cu13.tar.xz"
+  echo "$DSL" > "$LIBS/cu13.version"
 fi
 ls -la "$WHEELS" "$LIBS"

@@ -67,7 +67,8 @@ def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated):
 
 @interpreter
 def test_kernels_catch_a_wrong_statistic():
-    """The comparison above can fail: a norm with the wrong epsilon is off by more than its tolerance."""
+    """The epsilon reaches the kernel: one off by 1e-2 moves the output past the forward comparison's tolerance
+    (1e-5) by far, so that comparison would see a kernel that ignored or misread it."""
     x, _, _, shift, scale = _inputs(False, channels=8)
     x = (x * 1e-3).detach()  # tiny variance, where epsilon matters
     y = _reference(x, None, None, shift, scale, 1e-6)[1]

@@ -3,9 +3,9 @@
 Prints JSON: checked (intact), missing, corrupt, found_after_listing, and the names of the first few missing or
 corrupt files, a missing one with the error its lookup gave. Reads only.
 
-A file whose lookup by name fails is looked up again after a listing of the directory: a GlusterFS client can
-miss a file by name that a listing shows (a rebalance that left a file on its old brick without a pointer on
-the new one). Such a file counts as checked when intact, and in found_after_listing, so the caller can report it.
+A file whose lookup by name fails is looked up again after a listing of the directory: GlusterFS users report
+clients that miss a file by name around a rebalance while a listing shows it. Such a file counts as checked when
+intact, and in found_after_listing, so the caller can report it. A file found but not readable counts as missing.
 
 Usage: check_files.py MANIFEST DIRECTORY
 """
@@ -41,10 +41,15 @@ def main():
                 missing.append(f"{name} ({failed_lookups[name]})")
                 continue
             found_after_listing += 1
-        with open(path, "rb") as data:
-            if hashlib.sha256(data.read()).hexdigest() != digest:
-                corrupt.append(name)
-                continue
+        try:
+            with open(path, "rb") as data:
+                content = data.read()
+        except OSError as error:  # found, then gone or unreadable while read (a file moving between bricks)
+            missing.append(f"{name} (read: {errno.errorcode.get(error.errno, error.errno)})")
+            continue
+        if hashlib.sha256(content).hexdigest() != digest:
+            corrupt.append(name)
+            continue
         checked += 1
     json.dump({"directory": directory, "checked": checked, "missing": len(missing), "corrupt": len(corrupt),
                "found_after_listing": found_after_listing, "examples": (missing + corrupt)[:5]}, sys.stdout)

@@ -12,8 +12,8 @@ The kernels run on CUDA (and on the CPU under Triton's interpreter, TRITON_INTER
 is a PyTorch custom op with its backward, so torch.compile keeps a block in one graph around them.
 
 Measured on an H200 (benchmarks/sd3_training.md, run 12): an SD3-medium training step 0.5-0.8% faster than with
-Inductor's kernels in the compiled block, although alone the backward is slower than what Inductor makes of the same
-expression in isolation: it walks its rows one after the other and waits on memory, which is where to gain next.
+Inductor's kernels in the compiled block; in the step's kernel trace the fused kernels run at about 80% of the rate
+their least memory traffic allows (forward and backward of all norms: 14.6 ms a step).
 """
 
 from __future__ import annotations
@@ -231,19 +231,19 @@ def _(x, shift, scale, eps, out_dtype):
 
 @gated_adaln_op.register_fake
 def _(x, branch, gate, shift, scale, eps, out_dtype):
-    return torch.empty_like(x), x.new_empty(x.shape, dtype=out_dtype), _stats(x), _stats(x)
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=out_dtype), _stats(x), _stats(x)
 
 
 @adaln_backward_op.register_fake
 def _(dy, x, scale, mean, rstd):
     sums = x.new_empty((x.shape[0], x.shape[2]), dtype=torch.float32)
-    return torch.empty_like(x), sums, sums.clone()
+    return x.new_empty(x.shape), sums, sums.clone()
 
 
 @gated_adaln_backward_op.register_fake
 def _(dh, dy, x, branch, gate, scale, mean, rstd):
     sums = x.new_empty((x.shape[0], x.shape[2]), dtype=torch.float32)
-    return torch.empty_like(x), torch.empty_like(branch), sums, sums.clone(), sums.clone()
+    return x.new_empty(x.shape), branch.new_empty(branch.shape), sums, sums.clone(), sums.clone()
 
 
 def _adaln_setup(ctx, inputs, output) -> None:
@@ -270,8 +270,6 @@ def _gated_setup(ctx, inputs, output) -> None:
 
 def _gated_backward(ctx, dh, dy, _dmean, _drstd):
     x, branch, gate, scale, mean, rstd = ctx.saved_tensors
-    dh = torch.zeros_like(x) if dh is None else dh
-    dy = torch.zeros(x.shape, device=x.device, dtype=branch.dtype) if dy is None else dy
     dx, dbranch, dgate, dshift, dscale = gated_adaln_backward_op(dh, dy, x, branch, gate, scale, mean, rstd)
     gate_dtype, shift_dtype, scale_dtype = ctx.dtypes
     return dx, dbranch, dgate.to(gate_dtype), dshift.to(shift_dtype), dscale.to(scale_dtype), None, None
@@ -350,8 +348,9 @@ def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, mods: tuple[torch.
 
 def fuse_norms(model: nn.Module) -> int:
     """Run the adaLN norms of every joint block that has the plain layout (both streams modulated six ways, no
-    second attention, no chunked feed-forward) through the fused kernels on CUDA; others, and any call off CUDA,
-    keep diffusers' forward. Parameters and their names are unchanged. Returns how many blocks were fused."""
+    second attention, no chunked feed-forward) through the fused kernels on CUDA; others, and any call off CUDA
+    (unless TRITON_INTERPRET=1, under which the tests run the kernels on the CPU), keep diffusers' forward.
+    Parameters and their names are unchanged. Returns how many blocks were fused."""
     from diffusers.models.attention import JointTransformerBlock
 
     class FusedNormJointBlock(JointTransformerBlock):

@@ -83,7 +83,7 @@ class Trainer:
             fuse_mlp(model)
         self.norm, norm_why = resolve_norm(cfg.model.norm, rt.device)
         if self.norm == "triton":
-            fuse_norms(model)
+            norm_why += f", in {fuse_norms(model)} joint blocks (the others keep diffusers' norms)"
         self.kernel_note = f"{attention_note}; feed-forward: {mlp_why}; adaLN norms: {norm_why}"
         if cfg.model.float8 != "none":
             if not cuda:

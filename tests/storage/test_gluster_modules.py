@@ -185,3 +185,87 @@ def test_other_failures_and_a_busy_glusterd_that_stays_busy_are_returned():
     busy = gluster_volume.run_retrying_when_busy(lambda _: (1, "", "Another transaction is in progress"), ["x"],
                                                  attempts=3, sleep=lambda _: None)
     assert busy == (1, "", "Another transaction is in progress")
+
+
+# -- the rebalance after growth ----------------------------------------------------------------------------------
+# rebalance_status_completed.xml: what gluster 10.3 printed after molecule/storage's growth (2 x 3, 6 nodes). The
+# running and failed cases are that output with one node's status or failure count changed.
+REBALANCE = (DATA / "rebalance_status_completed.xml").read_text()
+
+
+def rebalance_with(node_status=None, failures=None):
+    """The real status with the first node's statusStr and/or failures changed."""
+    text = REBALANCE
+    if node_status is not None:
+        text = text.replace("<statusStr>completed</statusStr>", f"<statusStr>{node_status}</statusStr>", 1)
+    if failures is not None:
+        text = text.replace("<failures>0</failures>", f"<failures>{failures}</failures>", 1)
+    return gluster_volume.parse_rebalance_status(text)
+
+
+def test_rebalance_status_is_read_per_node_and_in_total():
+    status = gluster_volume.parse_rebalance_status(REBALANCE)
+    assert len(status["nodes"]) == 6
+    assert {node["status"] for node in status["nodes"]} == {"completed"}
+    assert status["total"]["files"] == sum(node["files"] for node in status["nodes"]) > 0
+    assert status["total"]["failures"] == 0 and status["total"]["status"] == "completed"
+    assert not gluster_volume.rebalance_running(status) and gluster_volume.rebalance_problem(status) == ""
+
+
+@pytest.mark.parametrize("node_status", ["in progress", "not started", "fix-layout in progress"])
+def test_a_node_still_at_work_keeps_the_rebalance_running(node_status):
+    status = rebalance_with(node_status=node_status)
+    assert gluster_volume.rebalance_running(status)
+    assert gluster_volume.rebalance_problem(status) == ""
+    assert "still running" in gluster_volume.rebalance_summary("shared", status, 12.0)
+    assert "gluster volume rebalance shared status" in gluster_volume.rebalance_summary("shared", status, 12.0)
+
+
+@pytest.mark.parametrize(("node_status", "failures", "expected"), [
+    ("failed", None, "failed"), ("stopped", None, "stopped"), (None, "3", "files it failed to move: ")])
+def test_a_failed_node_or_unmoved_files_are_a_problem_that_names_the_node(node_status, failures, expected):
+    status = rebalance_with(node_status=node_status, failures=failures)
+    problem = gluster_volume.rebalance_problem(status)
+    assert expected in problem and status["nodes"][0]["name"] in problem
+
+
+def test_a_refused_status_is_an_error():
+    with pytest.raises(gluster_volume.GlusterError, match="does not exist"):
+        gluster_volume.parse_rebalance_status((DATA / "volume_info_missing.xml").read_text())
+    with pytest.raises(gluster_volume.GlusterError, match="no rebalance status"):
+        gluster_volume.parse_rebalance_status((DATA / "pool_list.xml").read_text())
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_the_wait_ends_when_every_node_is_done_and_reports_the_time():
+    answers = [rebalance_with(node_status="not started"), rebalance_with(node_status="in progress"),
+               gluster_volume.parse_rebalance_status(REBALANCE)]
+    clock = FakeClock()
+    status, waited = gluster_volume.wait_for_rebalance(lambda: answers.pop(0), 300, every_s=5, sleep=clock.sleep,
+                                                       clock=clock)
+    assert not answers and waited == 10 and not gluster_volume.rebalance_running(status)
+    assert "rebalance finished after 10 s of waiting" in gluster_volume.rebalance_summary("shared", status, waited)
+
+
+def test_the_wait_stops_at_its_limit_and_at_once_on_a_problem():
+    clock = FakeClock()
+    running = rebalance_with(node_status="in progress")
+    reads = []
+    status, waited = gluster_volume.wait_for_rebalance(lambda: reads.append(1) or running, 12, every_s=5,
+                                                       sleep=clock.sleep, clock=clock)
+    assert waited == 12 and len(reads) == 4 and gluster_volume.rebalance_running(status)
+    failed = rebalance_with(node_status="in progress", failures="2")
+    status, waited = gluster_volume.wait_for_rebalance(lambda: failed, 300, sleep=clock.sleep, clock=FakeClock())
+    assert waited == 0 and gluster_volume.rebalance_problem(status)
+    status, waited = gluster_volume.wait_for_rebalance(lambda: running, 0, sleep=clock.sleep, clock=FakeClock())
+    assert waited == 0 and gluster_volume.rebalance_running(status)

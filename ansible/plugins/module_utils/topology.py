@@ -104,6 +104,57 @@ def parse_volumes_info(text):
     return [] if root is None else [_volume(v) for v in root.findall("volInfo/volumes/volume")]
 
 
+def _rebalance_counts(element):
+    return {"status": element.findtext("statusStr", "").strip(), "files": _as_int(element.findtext("files")),
+            "skipped": _as_int(element.findtext("skipped")), "failures": _as_int(element.findtext("failures"))}
+
+
+def parse_rebalance_status(text):
+    """`gluster volume rebalance NAME status --xml`: {"nodes": [{"name", "status", "files", "skipped",
+    "failures"}, ...], "total": {"status", "files", "skipped", "failures"}} (total: gluster's aggregate)."""
+    root = _volumes_root(text)
+    if root is None:
+        raise GlusterError("the volume does not exist")
+    rebalance = root.find("volRebalance")
+    if rebalance is None:
+        raise GlusterError(f"gluster printed no rebalance status: {text[:300]!r}")
+    nodes = [{"name": node.findtext("nodeName", "").strip(), **_rebalance_counts(node)}
+             for node in rebalance.findall("node")]
+    aggregate = rebalance.find("aggregate")
+    if aggregate is not None:
+        total = _rebalance_counts(aggregate)
+    else:
+        total = {key: sum(node[key] for node in nodes) for key in ("files", "skipped", "failures")}
+        total["status"] = ""
+    return {"nodes": nodes, "total": total}
+
+
+def rebalance_running(status):
+    """Whether any node's rebalance has still to start or finish ("not started" right after `start`)."""
+    return any(node["status"] == "not started" or "in progress" in node["status"] for node in status["nodes"])
+
+
+def rebalance_problem(status):
+    """What went wrong with a rebalance, naming the nodes, or "" when nothing did (so far)."""
+    problems = [f"{node['name']} {node['status']}" for node in status["nodes"]
+                if "failed" in node["status"] or node["status"] == "stopped"]
+    failures = [f"{node['name']} {node['failures']}" for node in status["nodes"] if node["failures"]]
+    if failures:
+        problems.append("files it failed to move: " + ", ".join(failures))
+    return "; ".join(problems)
+
+
+def rebalance_summary(volume, status, waited_s):
+    """One line for the play's output: the state, the counts and, while it runs, how to follow it."""
+    total = status["total"]
+    state = "still running" if rebalance_running(status) else "finished"
+    line = (f"volume {volume}: rebalance {state} after {waited_s:.0f} s of waiting; {total['files']} files moved, "
+            f"{total['skipped']} skipped, {total['failures']} failed")
+    if rebalance_running(status):
+        line += f"; follow it with `gluster volume rebalance {volume} status`"
+    return line
+
+
 def pool_hosts(pool_list_lines):
     """The Hostname column of `gluster pool list` (UUID, Hostname, State; the node itself is localhost)."""
     return [line.split()[1] for line in list(pool_list_lines)[1:] if len(line.split()) > 1]

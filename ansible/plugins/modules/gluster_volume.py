@@ -9,7 +9,16 @@ from ansible.module_utils.basic import AnsibleModule
 
 # The replica rule and the XML reader live in module_utils/topology.py, shared with the filters, preflight,
 # the local cluster and the cloud inventory. Ansible ships it with the module.
-from ansible.module_utils.topology import GlusterError, parse_volume_info, sets_sharing_a_server, whole_replica_sets
+from ansible.module_utils.topology import (
+    GlusterError,
+    parse_rebalance_status,
+    parse_volume_info,
+    rebalance_problem,
+    rebalance_running,
+    rebalance_summary,
+    sets_sharing_a_server,
+    whole_replica_sets,
+)
 
 DOCUMENTATION = r"""
 ---
@@ -63,6 +72,12 @@ options:
     description: Start a rebalance after bricks were added.
     type: bool
     default: true
+  rebalance_wait:
+    description: Seconds to wait for a rebalance this run started to finish on every node (0 returns at once with
+      its first status). The module fails when a node's rebalance failed or files failed to move; when the time
+      runs out it warns and returns, and the rebalance goes on.
+    type: int
+    default: 0
 author: sd3-cluster developers
 """
 
@@ -90,6 +105,12 @@ volume:
 warnings_found:
   description: Drift the module does not repair itself (bricks to remove), with what to do.
   type: list
+  returned: always
+rebalance:
+  description: The status of the rebalance this run started (nodes with their status, files moved, skipped and
+    failed; the total), whether it is still running, the seconds waited and a one-line summary; empty when no
+    rebalance was started.
+  type: dict
   returned: always
 """
 
@@ -199,6 +220,18 @@ def run_retrying_when_busy(run, command, attempts=6, delay=5.0, sleep=time.sleep
     return rc, out, err
 
 
+def wait_for_rebalance(read_status, timeout_s, every_s=5.0, sleep=time.sleep, clock=time.monotonic):
+    """(status, seconds waited): read_status() until no node is running or timeout_s has passed, or a problem
+    shows (a failed node, files that failed to move), which ends the wait at once."""
+    start = clock()
+    while True:
+        status = read_status()
+        waited = clock() - start
+        if not rebalance_running(status) or rebalance_problem(status) or waited >= timeout_s:
+            return status, waited
+        sleep(min(every_s, max(timeout_s - waited, 0.0)))
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -211,6 +244,7 @@ def main():
             "options": {"type": "dict", "default": {}},
             "force": {"type": "bool", "default": False},
             "rebalance": {"type": "bool", "default": True},
+            "rebalance_wait": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -239,17 +273,49 @@ def main():
         module.fail_json(msg=f"{error}; nothing was changed", volume=current or {})
     for warning in warnings:
         module.warn(warning)
+    if params["rebalance_wait"] < 0:
+        module.fail_json(msg=f"rebalance_wait is {params['rebalance_wait']}: give seconds, 0 or more; nothing was "
+                         "changed")
     if module.check_mode or not commands:
         module.exit_json(changed=bool(commands), commands=[" ".join(c) for c in commands], volume=current or {},
-                         warnings_found=warnings)
+                         warnings_found=warnings, rebalance={})
 
     for command in commands:
         rc, out, err = run_retrying_when_busy(module.run_command, [gluster, "--mode=script", *command])
         if rc != 0:
             module.fail_json(msg=f"`gluster {' '.join(command)}` failed: {(err or out).strip()}",
                              commands=[" ".join(c) for c in commands], volume=info() or {})
+    rebalance = {}
+    if ["volume", "rebalance", params["name"], "start"] in commands:
+        rebalance = follow_rebalance(module, gluster, params["name"], params["rebalance_wait"])
     module.exit_json(changed=True, commands=[" ".join(c) for c in commands], volume=info() or {},
-                     warnings_found=warnings)
+                     warnings_found=warnings, rebalance=rebalance)
+
+
+def follow_rebalance(module, gluster, name, wait_s):
+    """The started rebalance's status, after waiting up to wait_s for it; fails on a problem, warns at the end
+    of the wait while it still runs."""
+    def read_status():
+        command = [gluster, "--mode=script", "volume", "rebalance", name, "status", "--xml"]
+        rc, out, err = run_retrying_when_busy(module.run_command, command)
+        try:
+            return parse_rebalance_status(out)
+        except GlusterError as error:
+            module.fail_json(msg=f"volume {name} grew and its rebalance started, but its status could not be read "
+                             f"(rc {rc}: {error} {err.strip()}); see `gluster volume rebalance {name} status`")
+
+    status, waited = wait_for_rebalance(read_status, wait_s)
+    summary = rebalance_summary(name, status, waited)
+    result = {**status, "running": rebalance_running(status), "waited_s": round(waited, 1), "summary": summary}
+    problem = rebalance_problem(status)
+    if problem:
+        module.fail_json(msg=f"volume {name} grew, but its rebalance went wrong: {problem}. Files it did not move "
+                         f"stay on their old bricks; see `gluster volume rebalance {name} status` and "
+                         f"/var/log/glusterfs/{name}-rebalance.log on the nodes named, then start it again "
+                         f"(`gluster volume rebalance {name} start`)", rebalance=result)
+    if wait_s and result["running"]:
+        module.warn(summary)
+    return result
 
 
 if __name__ == "__main__":

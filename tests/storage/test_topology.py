@@ -152,6 +152,8 @@ def test_a_good_layout_has_no_problem():
     ({"nodes": ["s2", "s3", "s4"]}, "s1 runs the glusterfs role but is not in glusterfs_nodes: run it on "
                                     "storage_nodes only"),
     ({"bricks_per_node": "0"}, "glusterfs_bricks_per_node (cluster_storage_bricks_per_node) is 0: use 1 or more"),
+    ({"rebalance_wait": -5}, "glusterfs_rebalance_wait is -5: give the seconds to wait for a rebalance, 0 (do not "
+                             "wait) or more"),
     ({"brick_devices": ["/dev/vdb"], "bricks_per_node": 2},
      "glusterfs_brick_devices lists 1 device(s) on s1 but glusterfs_bricks_per_node is 2: list one device per brick, "
      "or none for directories"),

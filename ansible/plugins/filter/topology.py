@@ -29,7 +29,7 @@ def gluster_brick_moves(volume_info_xml, pool_list_lines, remove_plan, hostvars,
 def glusterfs_layout_problems(host, layout):
     """The glusterfs role's layout problems seen from host; layout holds the role's variables without their
     glusterfs_ prefix (nodes, bricks_per_node, brick_devices, bricks_on_root_fs, brick_root, volumes, replica,
-    auth_allow)."""
+    auth_allow, rebalance_wait)."""
     return topology.glusterfs_layout_problems(host, is_ip_address=is_ip_address, **layout)
 
 

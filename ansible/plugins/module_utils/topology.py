@@ -223,7 +223,7 @@ _VOLUME_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def glusterfs_layout_problems(host, nodes, bricks_per_node, brick_devices, bricks_on_root_fs, brick_root, volumes,
-                              replica, auth_allow, is_ip_address):
+                              replica, auth_allow, is_ip_address, rebalance_wait=0):
     """The problems of the glusterfs role's layout as seen from `host`, each naming the variable and the fix."""
     problems = []
     nodes = list(nodes or [])
@@ -270,6 +270,9 @@ def glusterfs_layout_problems(host, nodes, bricks_per_node, brick_devices, brick
                             "needs replica 3")
         if volume.get("state", "started") not in VOLUME_STATES:
             problems.append(f"volume {name}: state '{volume['state']}': use started, present, stopped or absent")
+    if _as_int(rebalance_wait) < 0:
+        problems.append(f"glusterfs_rebalance_wait is {rebalance_wait}: give the seconds to wait for a rebalance, 0 "
+                        "(do not wait) or more")
     for address in auth_allow or []:
         if not is_ip_address(address):
             problems.append(f"glusterfs_auth_allow holds '{address}', not an IP address: set cluster_address (or "

@@ -7,7 +7,11 @@ modulation as under autocast), forward and forward + backward of
 once as the PyTorch expression compiled by torch.compile and once through sd3cluster.fused_norm, and the bytes
 each must move at least, as a rate against the GPU's memory bandwidth. GPU only:
 
-    PYTHONPATH=workloads/src python3 benchmarks/adaln_kernels.py [--tokens 4096] [--batch 8] [--rows 32]
+    PYTHONPATH=workloads/src python3 benchmarks/adaln_kernels.py [--tokens 4096] [--batch 8]
+
+Each call goes through Python (the custom ops' dispatch and autograd, torch.compile's guards) against kernels of
+0.1-0.2 ms, so these times include the host's share (benchmarks/sd3_training.md, run 12); the profiler's kernel
+table of a training step (the GPU runner's `split` part) is what ranks the kernels.
 """
 
 from __future__ import annotations
@@ -34,13 +38,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--channels", type=int, default=1536)
-    parser.add_argument("--rows", type=int, help="rows per backward program (default: fused_norm.backward_rows)")
     args = parser.parse_args()
-    from sd3cluster import fused_norm
     from sd3cluster.fused_norm import adaln, gated_adaln
-
-    if args.rows:
-        fused_norm.backward_rows = lambda _rows: args.rows
 
     b, n, c = args.batch, args.tokens, args.channels
     dev = torch.device("cuda")

@@ -4,7 +4,7 @@
 # under WHEELS, as benchmarks/gpu_wheels.sh fetches them, the CUTLASS libraries already unpacked into SITE,
 # results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
-#     [normtests] [normrows] [norms] [fa4bwd] [knobs] [caches] [restore] [final]
+#     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [final]
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -62,8 +62,6 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   # reductions are allowed past 1024 elements: multi_kernel compiles both and keeps the faster at run time.
   knobs) TORCHINDUCTOR_MULTI_KERNEL=1 bench opt-multikernel-1024 sd3-medium:1024:8:optimized ;;
   normtests) python3 -m pytest -q tests/workloads/test_fused_norm.py 2>&1 | tail -3 ;;
-  normrows) for rows in 32 16 64; do echo "-- backward rows per program: $rows"
-               python3 benchmarks/adaln_kernels.py --rows $rows 2>&1 | grep -E "ms|Error" | tail -4; done ;;
   norms) python3 benchmarks/adaln_kernels.py 2>&1 | grep -E "ms|Error" | tail -6
          bench opt-1024 sd3-medium:1024:8:optimized
          bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch ;;

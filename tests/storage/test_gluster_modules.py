@@ -32,7 +32,7 @@ gluster_peer = load("gluster_peer")
 
 def params(**overrides):
     base = {"name": "shared", "state": "started", "bricks": list(BRICKS3), "replica": 3, "arbiter": 0,
-            "transport": "tcp", "options": {}, "force": False, "rebalance": True}
+            "transport": "tcp", "options": {}, "force": False, "rebalance": True, "rebalance_wait": 0}
     return {**base, **overrides}
 
 

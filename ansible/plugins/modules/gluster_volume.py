@@ -131,6 +131,8 @@ def layout_problems(params):
         problems.append(f"arbiter is {params['arbiter']}: use 0 or 1")
     if params["arbiter"] and replica != 3:
         problems.append(f"an arbiter needs replica 3, not {replica}")
+    if params["rebalance_wait"] < 0:
+        problems.append(f"rebalance_wait is {params['rebalance_wait']}: give seconds, 0 or more")
     if params["state"] in ("started", "present") and not bricks:
         problems.append("no bricks given: list them as host:/path")
     if replica >= 1 and not whole_replica_sets(len(bricks), replica):
@@ -273,9 +275,6 @@ def main():
         module.fail_json(msg=f"{error}; nothing was changed", volume=current or {})
     for warning in warnings:
         module.warn(warning)
-    if params["rebalance_wait"] < 0:
-        module.fail_json(msg=f"rebalance_wait is {params['rebalance_wait']}: give seconds, 0 or more; nothing was "
-                         "changed")
     if module.check_mode or not commands:
         module.exit_json(changed=bool(commands), commands=[" ".join(c) for c in commands], volume=current or {},
                          warnings_found=warnings, rebalance={})

@@ -16,12 +16,17 @@ import os
 import sys
 
 
+def error_name(error):
+    """ENOENT, ESTALE, EIO, ...: what an OSError was."""
+    return errno.errorcode.get(error.errno, str(error.errno))
+
+
 def lookup_error(path):
-    """None when the path's lookup succeeds, else the error's name (ENOENT, ESTALE, EIO, ...)."""
+    """None when the path's lookup succeeds, else the error's name."""
     try:
         os.stat(path)
     except OSError as error:
-        return errno.errorcode.get(error.errno, str(error.errno))
+        return error_name(error)
     return None
 
 
@@ -45,7 +50,7 @@ def main():
             with open(path, "rb") as data:
                 content = data.read()
         except OSError as error:  # found, then gone or unreadable while read (a file moving between bricks)
-            missing.append(f"{name} (read: {errno.errorcode.get(error.errno, error.errno)})")
+            missing.append(f"{name} (read: {error_name(error)})")
             continue
         if hashlib.sha256(content).hexdigest() != digest:
             corrupt.append(name)

@@ -4,7 +4,7 @@
 # under WHEELS, as benchmarks/gpu_wheels.sh fetches them, the CUTLASS libraries already unpacked into SITE,
 # results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
-#     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [final]
+#     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [final1024] [final512]
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -69,12 +69,19 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   # them back, which saves its tuning (about 3 minutes at a new shape) in the first step
   caches) tar -C "$HOME" -cJf "$OUT/quack-cache.tar.xz" .quack && ls -la "$OUT/quack-cache.tar.xz" ;;
   restore) tar -C "$HOME" -xJf "${CACHE:?set CACHE to a quack-cache.tar.xz}" && echo "quack cache restored" ;;
-  # the comparison of the performance targets: one call, each case its own process
-  final) bench ref-1024 sd3-medium:1024:8:reference
+  # the Triton AdamW (optim.kernel): its tests on the GPU, the optimizer step alone, the training step with each
+  adamw) python3 -m pytest -q tests/workloads/test_fused_adamw.py 2>&1 | tail -3
+         for k in torch triton; do
+           python3 benchmarks/adamw_kernels.py --kernel $k --out "$OUT/adamw-$k.json" 2>&1 | tail -2; done
          bench opt-1024 sd3-medium:1024:8:optimized
-         train_run
-         bench opt-normtorch-1024 sd3-medium:1024:8:optimized:norm=torch
-         bench ref-512 sd3-medium:512:32:reference
-         bench opt-512 sd3-medium:512:32:optimized
+         bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch
          bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
+  # the comparison of the performance targets, each case its own process: 1024^2 in one call, 512^2 in the next
+  # (quack tunes its GEMMs for 512^2 for about 3 minutes on a machine whose cache lacks that shape)
+  final1024) bench ref-1024 sd3-medium:1024:8:reference
+             bench opt-1024 sd3-medium:1024:8:optimized
+             train_run
+             bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch ;;
+  final512) bench ref-512 sd3-medium:512:32:reference
+            bench opt-512 sd3-medium:512:32:optimized ;;
 esac; done; done

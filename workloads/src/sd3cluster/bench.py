@@ -28,7 +28,7 @@ VARIANT_KEYS: dict[str, str] = {
     "fuse": "model.fuse_qkv", "compile": "model.compile", "attn": "model.attention", "adam": "optim.fused",
     "ac": "model.activation_checkpointing", "fsdp": "train.parallel", "batch": "data.batch_size",
     "res": "data.resolution", "fp8": "model.float8", "mlp": "model.mlp",
-    "norm": "model.norm",
+    "norm": "model.norm", "opt": "optim.kernel",
 }
 # The values a short key takes, and the configuration value each stands for.
 VARIANT_VALUES: dict[str, dict[str, Any]] = {
@@ -38,9 +38,11 @@ VARIANT_VALUES: dict[str, dict[str, Any]] = {
     "fp8": {name: name for name in ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")},
     "mlp": {name: name for name in ("auto", "torch", "quack")},
     "norm": {name: name for name in ("auto", "torch", "triton")},
+    "opt": {name: name for name in ("auto", "torch", "triton")},
 }
 VARIANT_DEFAULTS: dict[str, dict[str, str]] = {
-    "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach", mlp="torch", norm="torch"),
+    "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach", mlp="torch", norm="torch",
+                      opt="torch"),
     "optimized": {},
 }
 

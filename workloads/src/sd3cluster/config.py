@@ -78,6 +78,10 @@ class OptimConfig(_Section):
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 turns clipping off")
     fused: bool = Field(True, description="fused AdamW where the device supports it")
+    kernel: Literal["auto", "torch", "triton"] = Field(
+        "auto", description="what steps AdamW (optim.optimizer=adamw, optim.fused=true): triton (two Triton launches "
+        "over every parameter, the gradient norm and clip inside them; fp32 parameters on CUDA, not FSDP), torch "
+        "(torch's fused AdamW after clip_grad_norm_); auto takes triton where it can. Checkpoints are the same")
     optimizer: Literal["adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "ao_adamw8bit"] = Field(
         "adamw", description="adamw (torch); adamw8bit, paged_adamw8bit, paged_adamw: bitsandbytes' (CUDA only, "
         "`pip install bitsandbytes`; 8-bit state is 2 bytes a parameter instead of 8, paged state moves to the host "

@@ -7,18 +7,23 @@ from torch import nn
 
 from .config import OptimConfig
 from .errors import UserError
+from .fused_adamw import TritonAdamW
 
 
-def make_adamw(params: list[torch.Tensor], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def make_adamw(params: list, cfg: OptimConfig, device: torch.device, kernel: str) -> torch.optim.Optimizer:
+    if kernel == "triton":
+        return TritonAdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     fused = cfg.fused and device.type == "cuda"
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                              fused=fused or None, foreach=None if fused else False)
 
 
-def make_optimizer(params: list, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
-    """optim.optimizer's choice over `params` (tensors, or param groups with their own lr)."""
+def make_optimizer(params: list, cfg: OptimConfig, device: torch.device, kernel: str = "torch"
+                   ) -> torch.optim.Optimizer:
+    """optim.optimizer's choice over `params` (tensors, or param groups with their own lr); `kernel` is
+    optim.kernel resolved (fused_adamw.resolve_adamw_kernel)."""
     if cfg.optimizer == "adamw":
-        return make_adamw(params, cfg, device)
+        return make_adamw(params, cfg, device, kernel)
     kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "ao_adamw8bit":
         try:

@@ -23,6 +23,7 @@ from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, Synth
 from .dist import Runtime, all_reduce
 from .errors import CheckpointError, DataError, UserError
 from .flow import flow_loss, sample_noise
+from .fused_adamw import TritonAdamW, resolve_adamw_kernel
 from .fused_norm import fuse_norms, resolve_norm
 from .lora import apply_lora, check_checkpoint_kind
 from .lora import describe as lora_describe
@@ -99,7 +100,10 @@ class Trainer:
         self.fsdp = rt.distributed and cfg.train.parallel == "fsdp"
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         groups = lora_param_groups(unwrap(self.model), cfg.lora, cfg.optim.lr) if self.lora else self.params
-        self.optimizer = make_optimizer(groups, cfg.optim, rt.device)
+        self.adamw_kernel, adamw_why = resolve_adamw_kernel(cfg.optim.kernel, cfg.optim.optimizer, cfg.optim.fused,
+                                                            rt.device, self.params)
+        self.kernel_note += f"; optimizer: {adamw_why}"
+        self.optimizer = make_optimizer(groups, cfg.optim, rt.device, self.adamw_kernel)
         # LoRA checkpoints hold the adapters and their optimizer state only: the frozen base is rebuilt from
         # model.pretrained (or the preset's seeded init) and is not saved again with every step.
         self.state_options = StateDictOptions(ignore_frozen_params=self.lora is not None)
@@ -198,13 +202,17 @@ class Trainer:
                                  batch.pooled.to(in_dtype), noise.to(in_dtype), sigmas.to(in_dtype)) / accum
             loss.backward()
             total += loss.detach()
-        if cfg.optim.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip)
+        if isinstance(self.optimizer, TritonAdamW):  # the norm and the clip inside the optimizer's own launches
+            self.optimizer.step(max_norm=cfg.optim.grad_clip)
+            norm = self.optimizer.grad_norm
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        self.optimizer.step()
+            if cfg.optim.grad_clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip)
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            if hasattr(norm, "full_tensor"):
+                norm = norm.full_tensor()
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:

@@ -2,6 +2,7 @@
 Triton AdamW (optim.kernel), one of them per process. GPU only:
 
     PYTHONPATH=workloads/src python3 benchmarks/adamw_kernels.py --kernel torch|triton [--preset sd3-medium]
+        [--configs 4096x4,8192x8]   # triton: chunk size x warps of a program, each timed (the first is the result)
 
 fp32 parameters of the preset's shapes (built on the meta device, then allocated on the GPU), random gradients,
 clip at 1.0. Prints the step's time and its rate against the bytes it must move at least: the update reads the
@@ -27,6 +28,7 @@ def main() -> int:
     parser.add_argument("--kernel", choices=("torch", "triton"), required=True)
     parser.add_argument("--preset", default="sd3-medium")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--configs", default="", help="triton: CHUNKxWARPS,... to time besides the module's own")
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -41,23 +43,35 @@ def main() -> int:
     for p in params:
         p.grad = torch.randn(p.shape, device="cuda", generator=gen)
     count = sum(p.numel() for p in params)
+    configs: list[dict] = []
     if args.kernel == "triton":
-        opt = TritonAdamW(params, lr=1e-4, weight_decay=1e-4)
+        from sd3cluster import fused_adamw
 
-        def step() -> None:
-            opt.step(max_norm=1.0)
+        own = (fused_adamw.CHUNK, fused_adamw.NUM_WARPS)
+        for chunk, warps in [own] + [tuple(map(int, c.split("x"))) for c in args.configs.split(",") if c]:
+            fused_adamw.CHUNK, fused_adamw.NUM_WARPS = chunk, warps
+            opt = TritonAdamW(params, lr=1e-4, weight_decay=1e-4)
+            configs.append({"chunk": chunk, "warps": warps,
+                            "seconds": time_cuda(lambda opt=opt: opt.step(max_norm=1.0), iters=args.iters)})
+            del opt
+            torch.cuda.empty_cache()
+        fused_adamw.CHUNK, fused_adamw.NUM_WARPS = own
     else:
         opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=1e-4, fused=True)
 
         def step() -> None:
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-    seconds = time_cuda(step, iters=args.iters)
-    rate = count * BYTES_PER_PARAMETER / seconds / 1e12
+        configs.append({"seconds": time_cuda(step, iters=args.iters)})
+    for c in configs:
+        c["step_ms"], c["tb_per_s"] = round(c["seconds"] * 1e3, 3), round(
+            count * BYTES_PER_PARAMETER / c["seconds"] / 1e12, 3)
+        shape = f" chunk {c['chunk']} x {c['warps']} warps" if "chunk" in c else ""
+        print(f"{args.kernel}{shape}: {len(params)} tensors, {count:,} parameters: {c['step_ms']:.2f} ms a step "
+              f"(norm, clip and update), {c['tb_per_s']:.2f} TB/s of the {BYTES_PER_PARAMETER} bytes a parameter "
+              "it must move")
     result = {"kernel": args.kernel, "preset": args.preset, "parameters": count, "tensors": len(params),
-              "step_ms": round(seconds * 1e3, 3), "tb_per_s": round(rate, 3)}
-    print(f"{args.kernel}: {len(params)} tensors, {count:,} parameters: {seconds * 1e3:.2f} ms a step "
-          f"(norm, clip and update), {rate:.2f} TB/s of the {BYTES_PER_PARAMETER} bytes a parameter it must move")
+              "step_ms": configs[0]["step_ms"], "tb_per_s": configs[0]["tb_per_s"], "configs": configs}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -29,6 +29,7 @@ from .fused_norm import triton_import_problem
 
 ADAMW_KERNELS = ("auto", "torch", "triton")
 CHUNK = 4096  # elements one program reads of each tensor: 16 KB of fp32, whole chunks of every large weight
+NUM_WARPS = 4  # of a program (benchmarks/adamw_kernels.py --configs compares chunk sizes and warps)
 
 
 @functools.cache
@@ -235,7 +236,7 @@ class TritonAdamW(torch.optim.Optimizer):
         partial = torch.empty(table.chunks, dtype=torch.float32, device=self._device)
         grad_ptrs = table.pointers("grad", [grads[p] for p in live])
         square_sum[(table.chunks,)](grad_ptrs, table.chunk_tensor, table.chunk_first, table.numel, partial,
-                                    ALIGNED=table.aligned(), BLOCK=CHUNK)
+                                    ALIGNED=table.aligned(), BLOCK=CHUNK, num_warps=NUM_WARPS)
         self.grad_norm = partial.sum().sqrt()
         clip = (max_norm / (self.grad_norm + 1e-6)).clamp(max=1.0) if max_norm > 0 else self.grad_norm
         for group in self.param_groups:
@@ -257,4 +258,5 @@ class TritonAdamW(torch.optim.Optimizer):
         kernel[(table.chunks,)](
             param_ptrs, grad_ptrs, table.chunk_tensor, table.chunk_first, table.numel, table.offset, self._exp_avg,
             self._exp_avg_sq, clip, 1.0 - lr * group["weight_decay"], beta1, beta2, lr / (1.0 - beta1 ** step),
-            math.sqrt(1.0 - beta2 ** step), eps, HAS_CLIP=has_clip, ALIGNED=table.aligned(), BLOCK=CHUNK)
+            math.sqrt(1.0 - beta2 ** step), eps, HAS_CLIP=has_clip, ALIGNED=table.aligned(), BLOCK=CHUNK,
+            num_warps=NUM_WARPS)

@@ -162,7 +162,7 @@ def test_resolve_adamw_kernel_choices_and_errors():
     assert kind == "torch" and "adamw8bit" in why
     kind, why = resolve_adamw_kernel("auto", "adamw", False, cuda, params)
     assert kind == "torch" and "optim.fused=false" in why
-    with pytest.raises(UserError, match=re.escape("optim.kernel=triton cannot step this run (not a CUDA device); "
+    with pytest.raises(UserError, match=re.escape("optim.kernel=triton cannot run here (not a CUDA device); "
                                                   "set optim.kernel=auto or torch")):
         resolve_adamw_kernel("triton", "adamw", True, cpu, params)
     with pytest.raises(UserError, match=re.escape("optim.kernel='fast'; choose one of auto, torch, triton")):

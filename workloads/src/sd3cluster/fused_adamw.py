@@ -25,9 +25,8 @@ from typing import Any
 import torch
 
 from .errors import UserError
-from .fused_norm import triton_import_problem
+from .kernel_choice import choose_kernel, triton_import_problem
 
-ADAMW_KERNELS = ("auto", "torch", "triton")
 CHUNK = 4096  # elements one program reads of each tensor: 16 KB of fp32, whole chunks of every large weight
 NUM_WARPS = 4  # of a program (benchmarks/adamw_kernels.py --configs compares chunk sizes and warps)
 
@@ -105,24 +104,17 @@ def resolve_adamw_kernel(name: str, optimizer: str, fused: bool, device: torch.d
     """(kind, why) for optim.kernel: triton (this module) or torch (torch's AdamW, fused when optim.fused, and
     clip_grad_norm_). auto takes triton for optim.optimizer=adamw with optim.fused on CUDA when Triton imports and
     the parameters are plain fp32 tensors."""
-    if name not in ADAMW_KERNELS:
-        raise UserError(f"optim.kernel={name!r}; choose one of {', '.join(ADAMW_KERNELS)}")
-    if name == "torch":
-        return "torch", "torch (asked for)"
-    if optimizer != "adamw":
-        problem = f"optim.optimizer={optimizer} is not torch's AdamW"
-    elif not fused:
-        problem = "optim.fused=false asks for torch's unfused AdamW"
-    elif device.type != "cuda":
-        problem = "not a CUDA device"
-    else:
-        problem = triton_import_problem() or kernel_problem(params)
-    if problem is None:
-        return "triton", "triton (AdamW and the gradient clip in two launches)" + \
-            (" (auto)" if name == "auto" else " (asked for)")
-    if name == "auto":
-        return "torch", f"torch (auto: {problem})"
-    raise UserError(f"optim.kernel=triton cannot step this run ({problem}); set optim.kernel=auto or torch")
+
+    def problem() -> str | None:
+        if optimizer != "adamw":
+            return f"optim.optimizer={optimizer} is not torch's AdamW"
+        if not fused:
+            return "optim.fused=false asks for torch's unfused AdamW"
+        if device.type != "cuda":
+            return "not a CUDA device"
+        return triton_import_problem() or kernel_problem(params)
+
+    return choose_kernel("optim.kernel", name, "triton", "AdamW and the gradient clip in two launches", problem)
 
 
 class _Tables:
@@ -177,7 +169,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self._all = [p for group in self.param_groups for p in group["params"]]
         problem = kernel_problem(self._all)
         if problem:
-            raise UserError(f"optim.kernel=triton cannot step this run ({problem}); set optim.kernel=auto or torch")
+            raise UserError(f"optim.kernel=triton cannot run here ({problem}); set optim.kernel=auto or torch")
         self._device = self._all[0].device
         self._offsets: dict[torch.Tensor, int] = {}
         total = 0

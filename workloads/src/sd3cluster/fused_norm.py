@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UserError
+from .kernel_choice import choose_kernel, triton_import_problem
 
 
 def backward_rows(rows: int) -> int:
@@ -33,16 +33,6 @@ def backward_rows(rows: int) -> int:
     to fill an H100/H200 with such programs (SD3's 4096 image tokens x batch 8: 1024 programs) and few partial
     sums to add up afterwards; 8 for short streams (the 154 text tokens), which would otherwise run on few SMs."""
     return 32 if rows >= 16384 else 8
-
-
-@functools.cache
-def triton_import_problem() -> str | None:
-    """None when Triton imports, else why not (the kernels need it; torch's CUDA wheels ship it)."""
-    try:
-        import triton.language  # noqa: F401
-    except Exception as e:  # a broken install raises more than ImportError
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def _interpreting() -> bool:
@@ -298,23 +288,12 @@ def gated_adaln(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift
 
 # -- the joint block ----------------------------------------------------------------------------------------------
 
-NORM_KINDS = ("auto", "torch", "triton")
-
 
 def resolve_norm(name: str, device: torch.device) -> tuple[str, str]:
     """(kind, why) for model.norm: triton (the fused kernels) or torch (diffusers' modules, compiled or not).
     auto takes triton on CUDA when it imports."""
-    if name not in NORM_KINDS:
-        raise UserError(f"model.norm={name!r}; choose one of {', '.join(NORM_KINDS)}")
-    if name == "torch":
-        return "torch", "torch (asked for)"
-    problem = "not a CUDA device" if device.type != "cuda" else triton_import_problem()
-    if problem is None:
-        return "triton", "triton (fused adaLN LayerNorm + modulation + gated residual)" + \
-            (" (auto)" if name == "auto" else " (asked for)")
-    if name == "auto":
-        return "torch", f"torch (auto: {problem})"
-    raise UserError(f"model.norm=triton needs a CUDA device with Triton ({problem}); set model.norm=auto or torch")
+    return choose_kernel("model.norm", name, "triton", "fused adaLN LayerNorm + modulation + gated residual",
+                         lambda: "not a CUDA device" if device.type != "cuda" else triton_import_problem())
 
 
 def _plain_zero_norm(module: nn.Module) -> bool:

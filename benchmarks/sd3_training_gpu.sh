@@ -72,7 +72,7 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   # the Triton AdamW (optim.kernel): its tests on the GPU, the optimizer step alone, the training step with each
   adamw) python3 -m pytest -q tests/workloads/test_fused_adamw.py 2>&1 | tail -3
          for k in torch triton; do
-           python3 benchmarks/adamw_kernels.py --kernel $k --configs 4096x8,8192x8,2048x4,16384x16 \
+           python3 benchmarks/adamw_kernels.py --kernel $k --configs 4096x4,2048x4 \
              --out "$OUT/adamw-$k.json" 2>&1 | tail -5; done
          bench opt-1024 sd3-medium:1024:8:optimized
          bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch

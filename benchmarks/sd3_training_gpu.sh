@@ -85,4 +85,5 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
              bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch ;;
   final512) bench ref-512 sd3-medium:512:32:reference
             bench opt-512 sd3-medium:512:32:optimized ;;
+  *) echo "unknown part $p (the parts are listed at the top of $0)" >&2; exit 2 ;;
 esac; done; done

@@ -5,6 +5,7 @@ a GPU) and say skip elsewhere; on the GPU machine the same tests compare the com
 AdamW on CUDA (benchmarks/sd3_training.md has the command).
 """
 
+import copy
 import importlib.util
 import os
 import re
@@ -113,10 +114,30 @@ def test_state_moves_between_torch_adamw_and_the_kernels():
         ours.step(max_norm=1.0)
     _assert_same(reference, ours, a, b)
 
-    back = torch.optim.AdamW(_groups([torch.nn.Parameter(p.detach().clone()) for p in b]))
-    back.load_state_dict(ours.state_dict())
-    for x, y in zip(back.param_groups[0]["params"] + back.param_groups[1]["params"], b, strict=True):
-        torch.testing.assert_close(back.state[x]["exp_avg_sq"], ours.state[y]["exp_avg_sq"], rtol=0, atol=0)
+    # and back: torch's AdamW from a copy of the kernels' state takes the step the kernels take
+    back_params = [torch.nn.Parameter(p.detach().clone()) for p in b]
+    back = torch.optim.AdamW(_groups(back_params))
+    back.load_state_dict(copy.deepcopy(ours.state_dict()))
+    _set_grads(back_params, b, 4)
+    torch.nn.utils.clip_grad_norm_(back_params, 1.0)
+    back.step()
+    ours.step(max_norm=1.0)
+    _assert_same(back, ours, back_params, b)
+
+
+def test_loading_a_state_without_a_parameter_starts_its_moments_at_zero():
+    """torch's AdamW keeps no state for a parameter that never had a gradient; loading that leaves it unstepped."""
+    a, b = _pairs(3)
+    reference = torch.optim.AdamW(a)
+    _set_grads(a, b, 0, skip=2)
+    reference.step()
+    ours = TritonAdamW(b)
+    ours._exp_avg.fill_(1.0)
+    ours.load_state_dict(reference.state_dict())
+    assert float(ours.state[b[2]]["step"]) == 0 and not ours.state[b[2]]["exp_avg"].any()
+    assert float(ours.state[b[0]]["step"]) == 1 and ours.state[b[0]]["exp_avg"].data_ptr() == ours._exp_avg.data_ptr()
+    with pytest.raises(ValueError, match="build it with every parameter group"):
+        ours.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
 
 
 @kernels
@@ -136,6 +157,20 @@ def test_whole_float4_sizes_take_the_aligned_launch_with_the_same_result():
         ours.step(max_norm=1.0)
     assert ours._table(b).aligned()
     _assert_same(reference, ours, a, b)
+
+    # gradients as views of one buffer (as DDP's buckets hold them) 4 and 16 bytes past its start: plain launches
+    for shift in (1, 4):
+        flat = torch.zeros(sum(p.numel() for p in b) + shift, device=DEVICE)
+        start = shift
+        for x, y in zip(a, b, strict=True):
+            y.grad = flat[start:start + y.numel()].view_as(y).copy_(torch.full_like(y, 0.5 * shift))
+            x.grad = y.grad.clone()
+            start += y.numel()
+        torch.nn.utils.clip_grad_norm_(a, 1.0)
+        reference.step()
+        ours.step(max_norm=1.0)
+        assert ours._table(b).aligned() is (shift == 4)
+        _assert_same(reference, ours, a, b)
 
     odd = _Tables([torch.zeros(6), torch.zeros(4)], [0, 6], torch.device("cpu"))
     odd.pointers("grad", [torch.zeros(6), torch.zeros(4)])
@@ -214,6 +249,7 @@ def test_trainer_steps_with_the_kernels_as_with_torch_and_checkpoints_move_betwe
     resumed = _trainer(tmp_path / "resumed", "torch")
     resumed.load(manager, manager.latest())
     assert resumed.step == 2
+    assert resumed.optimizer.param_groups[0]["fused"] is True  # the checkpoint's fused=None is not taken over
     assert resumed.train_step()["loss"] == pytest.approx(runs["triton"].train_step()["loss"], rel=1e-5)
     torch.testing.assert_close(resumed.flat_parameters(), runs["triton"].flat_parameters(), rtol=1e-5, atol=1e-7)
     for t in (*runs.values(), resumed):

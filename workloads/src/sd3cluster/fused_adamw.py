@@ -1,8 +1,8 @@
 """AdamW with the gradient clip inside its pass: two Triton launches over every parameter of a run.
 
-torch's fused AdamW and `clip_grad_norm_` go over a step's fp32 state in three passes: the gradient norm (on an H200
-it read SD3-medium's 8 GB of gradients at 1.8 TB/s, 4.4 ms), the clip's multiply (a read and a write of them,
-2.3 ms) and the update (16.5 ms at about 3.4 TB/s), each cut into about 100 launches of 320 blocks
+torch's fused AdamW and `clip_grad_norm_` go over a step's fp32 state in three passes: the gradient norm (a read of
+SD3-medium's 8 GB of gradients), the clip's multiply (a read and a write of them), together about 6.7 ms on an H200,
+and the update (16.5 ms at about 3.4 TB/s), each cut into about 100 launches of 320 blocks
 (benchmarks/sd3_training.md, run 10). Here one launch sums the squares of every gradient, a partial per 4096
 elements that torch adds up in a fixed order (so the norm is the same on every run), and one launch per parameter
 group updates every parameter, applying the clip factor as it reads the gradient. A program finds its tensor in
@@ -15,8 +15,8 @@ The arithmetic is torch's fused AdamW's: decoupled weight decay, then the moment
 under Triton's interpreter, TRITON_INTERPRET=1, which the tests use).
 
 Measured on an H200 (benchmarks/sd3_training.md, run 13): SD3-medium's optimizer share of a training step 16.2 ms
-against torch's 23.3 (the update at about 3.9 TB/s), the step 428 ms against 434 (+1.2%); the optimizer step alone
-(benchmarks/adamw_kernels.py) 15.9 ms against 23.7.
+against torch's 23.3 (the update at about 3.9 TB/s), the step 428 ms against 434 (+1.2% images/s); the optimizer
+step alone (benchmarks/adamw_kernels.py) 15.9 ms against 23.7.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def adamw_update(PARAM_PTRS, GRAD_PTRS, CHUNK_TENSOR, CHUNK_FIRST, NUMEL, OFFSET, EXP_AVG, EXP_AVG_SQ, CLIP,
-                     decay, beta1, beta2, step_size, bias_correction2_sqrt, eps, HAS_CLIP: tl.constexpr,
+                     lr_decay, beta1, beta2, step_size, bias_correction2_sqrt, eps, HAS_CLIP: tl.constexpr,
                      ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
         chunk = tl.program_id(0)
         tensor = tl.load(CHUNK_TENSOR + chunk)
@@ -74,7 +74,8 @@ def _kernels() -> tuple[Any, Any]:
         g = tl.load(grad + offsets, mask=mask, other=0.0)
         if HAS_CLIP:
             g = g * tl.load(CLIP)
-        p = tl.load(param + offsets, mask=mask, other=0.0) * decay
+        p = tl.load(param + offsets, mask=mask, other=0.0)
+        p = p - lr_decay * p  # as torch's: lr x weight decay kept whole, not rounded into a factor near 1
         m = beta1 * tl.load(EXP_AVG + flat, mask=mask, other=0.0) + (1.0 - beta1) * g
         v = beta2 * tl.load(EXP_AVG_SQ + flat, mask=mask, other=0.0) + (1.0 - beta2) * g * g
         p = p - step_size * m / (tl.sqrt(v) / bias_correction2_sqrt + eps)
@@ -128,8 +129,9 @@ class _Tables:
     mostly at the same address)."""
 
     def __init__(self, params: list[torch.Tensor], offsets: list[int], device: torch.device):
+        self.chunk = CHUNK  # the launches' BLOCK: the tables are cut in these
         numel = torch.tensor([p.numel() for p in params], dtype=torch.int64)
-        per_tensor = (numel + CHUNK - 1) // CHUNK
+        per_tensor = (numel + self.chunk - 1) // self.chunk
         self.chunks = int(per_tensor.sum())
         self.device = device
         self.chunk_tensor = self._to_device(torch.repeat_interleave(torch.arange(len(params), dtype=torch.int32),
@@ -170,19 +172,19 @@ class TritonAdamW(torch.optim.Optimizer):
         defaults = dict(torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults)
         defaults.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
-        self._all = [p for group in self.param_groups for p in group["params"]]
-        problem = kernel_problem(self._all)
+        self._params = [p for group in self.param_groups for p in group["params"]]
+        problem = kernel_problem(self._params)
         if problem:
             raise UserError(f"optim.kernel=triton cannot run here ({problem}); set optim.kernel=auto or torch")
-        self._device = self._all[0].device
+        self._device = self._params[0].device
         self._offsets: dict[torch.Tensor, int] = {}
         total = 0
-        for p in self._all:
+        for p in self._params:
             self._offsets[p] = total
             total += p.numel()
         self._exp_avg = torch.zeros(total, dtype=torch.float32, device=self._device)
         self._exp_avg_sq = torch.zeros_like(self._exp_avg)
-        for p in self._all:
+        for p in self._params:
             self.state[p] = {"step": torch.tensor(0.0), "exp_avg": self._moment(self._exp_avg, p),
                              "exp_avg_sq": self._moment(self._exp_avg_sq, p)}
         self._tables: dict[tuple[int, ...], _Tables] = {}
@@ -195,19 +197,28 @@ class TritonAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's loading, then the loaded moments copied back into the flat buffers the kernels update."""
         super().load_state_dict(state_dict)
-        for p in self._all:
-            state = self.state[p]
+        for p in self._params:
+            state = self.state[p]  # empty where torch's AdamW never stepped the parameter (it had no gradient)
             for key, flat in (("exp_avg", self._exp_avg), ("exp_avg_sq", self._exp_avg_sq)):
                 view = self._moment(flat, p)
-                if state[key].data_ptr() != view.data_ptr():
+                if key not in state:
+                    view.zero_()
+                elif state[key].data_ptr() != view.data_ptr():
                     view.copy_(state[key])
                 state[key] = view
             # a count of its own on the host (torch keeps the loaded tensor, which may be the source's own)
-            state["step"] = torch.tensor(float(state["step"]))
+            state["step"] = torch.tensor(float(state.get("step", 0.0)))
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if hasattr(self, "_params"):  # torch's __init__ adds the first groups; the flat moments are sized then
+            raise ValueError("TritonAdamW sizes its moments at construction; build it with every parameter group")
+        super().add_param_group(param_group)
 
     def _table(self, params: list[torch.Tensor]) -> _Tables:
         key = tuple(id(p) for p in params)
         if key not in self._tables:
+            if len(self._tables) >= 16:  # sets of parameters with gradients come and go: keep the recent ones
+                self._tables.pop(next(iter(self._tables)))
             self._tables[key] = _Tables(params, [self._offsets[p] for p in params], self._device)
         return self._tables[key]
 
@@ -223,7 +234,7 @@ class TritonAdamW(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("TritonAdamW.step takes no closure")
         square_sum, update = _kernels()
-        live = [p for p in self._all if p.grad is not None]
+        live = [p for p in self._params if p.grad is not None]
         if not live:
             self.grad_norm = torch.zeros((), device=self._device)
             return
@@ -232,8 +243,9 @@ class TritonAdamW(torch.optim.Optimizer):
         partial = torch.empty(table.chunks, dtype=torch.float32, device=self._device)
         grad_ptrs = table.pointers("grad", [grads[p] for p in live])
         square_sum[(table.chunks,)](grad_ptrs, table.chunk_tensor, table.chunk_first, table.numel, partial,
-                                    ALIGNED=table.aligned(), BLOCK=CHUNK, num_warps=NUM_WARPS)
+                                    ALIGNED=table.aligned(), BLOCK=table.chunk, num_warps=NUM_WARPS)
         self.grad_norm = partial.sum().sqrt()
+        # without a clip the kernel never reads CLIP; the norm's tensor stands in for the pointer
         clip = (max_norm / (self.grad_norm + 1e-6)).clamp(max=1.0) if max_norm > 0 else self.grad_norm
         for group in self.param_groups:
             # torch's AdamW counts steps per parameter (one without a gradient does not step): one launch for
@@ -253,6 +265,6 @@ class TritonAdamW(torch.optim.Optimizer):
         param_ptrs, grad_ptrs = table.pointers("param", members), table.pointers("grad", [grads[p] for p in members])
         kernel[(table.chunks,)](
             param_ptrs, grad_ptrs, table.chunk_tensor, table.chunk_first, table.numel, table.offset, self._exp_avg,
-            self._exp_avg_sq, clip, 1.0 - lr * group["weight_decay"], beta1, beta2, lr / (1.0 - beta1 ** step),
-            math.sqrt(1.0 - beta2 ** step), eps, HAS_CLIP=has_clip, ALIGNED=table.aligned(), BLOCK=CHUNK,
+            self._exp_avg_sq, clip, lr * group["weight_decay"], beta1, beta2, lr / (1.0 - beta1 ** step),
+            math.sqrt(1.0 - beta2 ** step), eps, HAS_CLIP=has_clip, ALIGNED=table.aligned(), BLOCK=table.chunk,
             num_warps=NUM_WARPS)

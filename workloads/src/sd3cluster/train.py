@@ -61,6 +61,10 @@ def open_dataset(cfg: Config) -> ShardDataset | SyntheticDataset:
     return ds
 
 
+# Optimizer group keys that say how it steps, not what it computes: kept as built when a checkpoint is loaded.
+IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
 class Trainer:
     """Everything a run holds: model, optimizer, schedule, EMA, sampler and step, saved and restored together."""
 
@@ -251,8 +255,13 @@ class Trainer:
         tensors = self.tensor_state()
         trainer = manager.load(path, tensors)
         options = StateDictOptions(ignore_frozen_params=True, strict=False) if self.lora else None
+        # The saved groups' implementation keys (fused, foreach, ...) are the writer's: a checkpoint of the Triton
+        # AdamW carries fused=None, which would turn torch's fused AdamW into its slower foreach path.
+        built = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in self.optimizer.param_groups]
         set_state_dict(self.model, self.optimizer, model_state_dict=tensors["model"],
                        optim_state_dict=tensors["optim"], options=options)
+        for group, keys in zip(self.optimizer.param_groups, built, strict=True):
+            group.update(keys)
         if self.ema is not None and "ema" in tensors:
             self.ema.load_state_dict(tensors["ema"])
         self.step = int(trainer["step"])

@@ -28,8 +28,7 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
-from .kernel_choice import choose_kernel, triton_import_problem
+from .kernel_choice import cannot_run, choose_kernel, triton_import_problem
 
 CHUNK = 4096  # elements one program reads of each tensor: 16 KB of fp32, whole chunks of every large weight
 NUM_WARPS = 8  # 16 values a thread: alone 4.1 TB/s on an H200, 2.9 at 4 warps; in the step both the same
@@ -175,7 +174,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self._params = [p for group in self.param_groups for p in group["params"]]
         problem = kernel_problem(self._params)
         if problem:
-            raise UserError(f"optim.kernel=triton cannot run here ({problem}); set optim.kernel=auto or torch")
+            raise cannot_run("optim.kernel", "triton", problem)
         self._device = self._params[0].device
         self._offsets: dict[torch.Tensor, int] = {}
         total = 0

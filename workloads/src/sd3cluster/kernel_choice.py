@@ -35,4 +35,9 @@ def choose_kernel(key: str, name: str, fast: str, what: str, problem: Callable[[
         return fast, f"{fast} ({what}) ({'auto' if name == 'auto' else 'asked for'})"
     if name == "auto":
         return "torch", f"torch (auto: {why_not})"
-    raise UserError(f"{key}={fast} cannot run here ({why_not}); set {key}=auto or torch")
+    raise cannot_run(key, fast, why_not)
+
+
+def cannot_run(key: str, fast: str, why_not: str) -> UserError:
+    """The error for `key`=`fast` where that kernel cannot run: the reason and the fix."""
+    return UserError(f"{key}={fast} cannot run here ({why_not}); set {key}=auto or torch")

@@ -17,7 +17,14 @@ from sd3_helpers import TINY
 from sd3cluster.config import load_config
 from sd3cluster.dist import local_runtime
 from sd3cluster.errors import UserError
-from sd3cluster.fused_adamw import CHUNK, TritonAdamW, kernel_problem, resolve_adamw_kernel
+from sd3cluster.fused_adamw import (
+    CHUNK,
+    TritonAdamW,
+    bf16_weights_with_fp32_masters,
+    kernel_problem,
+    resolve_adamw_kernel,
+    resolve_weights,
+)
 from sd3cluster.optim import make_warmup
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -44,7 +51,7 @@ def _set_grads(a, b, step: int, skip: int | None = None) -> None:
     gen = torch.Generator().manual_seed(100 + step)
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         g = (torch.randn(x.shape, generator=gen) * 4).to(DEVICE)
-        x.grad, y.grad = (None, None) if i == skip else (g.clone(), g.clone())
+        x.grad, y.grad = (None, None) if i == skip else (g.to(x.dtype, copy=True), g.to(y.dtype, copy=True))
 
 
 def _assert_same(torch_opt, ours, a, b) -> None:
@@ -180,6 +187,90 @@ def test_whole_float4_sizes_take_the_aligned_launch_with_the_same_result():
     assert not fours.aligned()
     fours.pointers("grad", [torch.zeros(8), torch.zeros(4)])
     assert fours.aligned()
+
+
+def _as_kernel_rounds(master: torch.Tensor) -> torch.Tensor:
+    """The bf16 weight the kernel writes for `master`: the GPU rounds to nearest even, as torch does; Triton's CPU
+    interpreter truncates (its fp32 -> bf16 conversion ignores the rounding mode), which the comparison follows."""
+    if master.device.type == "cuda":
+        return master.to(torch.bfloat16)
+    return (master.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+@kernels
+@pytest.mark.parametrize("max_norm", [1.0, 0.0], ids=["clipped", "no_clip"])
+def test_bf16_weights_step_their_fp32_masters_as_torch_adamw_steps_fp32_weights(max_norm):
+    """With masters the kernels read bf16 gradients, step the fp32 masters as torch's AdamW steps fp32 weights
+    given the same (bf16-valued) gradients, and leave every weight exactly its master rounded to bf16."""
+    a, b = _pairs(6)
+    masters = bf16_weights_with_fp32_masters(b)
+    assert all(p.dtype == torch.bfloat16 and masters[p].dtype == torch.float32 for p in b)
+    assert all(torch.equal(masters[p], x.detach()) for p, x in zip(b, a, strict=True))  # the fp32 values kept
+    reference = torch.optim.AdamW(_groups(a), weight_decay=0.01, fused=DEVICE.type == "cuda")
+    ours = TritonAdamW(_groups(b), weight_decay=0.01, masters=masters)
+    for step in range(3):
+        _set_grads(a, b, step, skip=1 if step == 1 else None)
+        for x, y in zip(a, b, strict=True):
+            if y.grad is not None:
+                x.grad = y.grad.float()  # the reference sees the values the bf16 gradients hold
+        live = [p for p in a if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(live, max_norm) if max_norm else torch.nn.utils.get_total_norm(
+            [p.grad for p in live])
+        reference.step()
+        ours.step(max_norm=max_norm)
+        assert float(ours.grad_norm) == pytest.approx(float(norm), rel=1e-5)
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(masters[y], x.detach(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(y.detach(), _as_kernel_rounds(masters[y]))
+        for key, atol in (("exp_avg", 1e-6), ("exp_avg_sq", 1e-5)):
+            torch.testing.assert_close(ours.state[y][key], reference.state[x][key], rtol=1e-5, atol=atol)
+    # the masters moved by more than bf16 keeps: the weights alone could not have carried these steps
+    assert any(not torch.equal(masters[y], masters[y].to(torch.bfloat16).float()) for y in b)
+
+
+@kernels
+def test_bf16_weights_load_fp32_moments_without_rounding_them():
+    """torch's loading casts a state to its parameter's dtype (bf16 here); the moments are copied as given."""
+    a, b = _pairs(7)
+    reference = torch.optim.AdamW(a)
+    _set_grads(a, b, 0)
+    reference.step()
+    ours = TritonAdamW(b, masters=bf16_weights_with_fp32_masters(b))
+    ours.load_state_dict(reference.state_dict())
+    for x, y in zip(a, b, strict=True):
+        assert ours.state[y]["exp_avg"].dtype == torch.float32
+        assert torch.equal(ours.state[y]["exp_avg"], reference.state[x]["exp_avg"])
+        assert torch.equal(ours.state[y]["exp_avg_sq"], reference.state[x]["exp_avg_sq"])
+    assert not torch.equal(reference.state[a[3]]["exp_avg"].bfloat16().float(), reference.state[a[3]]["exp_avg"])
+
+
+def test_masters_are_checked():
+    fp32 = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))]
+    masters = bf16_weights_with_fp32_masters(fp32)
+    assert kernel_problem(fp32, masters) is None
+    assert "without an fp32 master" in kernel_problem([*fp32, torch.zeros(2, dtype=torch.bfloat16)], masters)
+    assert "contiguous fp32" in kernel_problem(fp32[:1], {fp32[0]: torch.zeros(3, dtype=torch.bfloat16)})
+    with pytest.raises(ValueError, match="expected fp32"):
+        bf16_weights_with_fp32_masters(fp32)  # already bf16
+    with pytest.raises(UserError, match="without an fp32 master"):
+        TritonAdamW(fp32, masters={fp32[0]: masters[fp32[0]]})
+
+
+def test_resolve_weights_takes_bf16_only_where_masters_can_live():
+    ok = dict(adamw_kernel="triton", bf16_compute=True, mode="full", float8="none", grad_accum=1)
+    assert resolve_weights("auto", **ok)[0] == "bf16"
+    assert resolve_weights("fp32", **ok) == ("fp32", "fp32 (asked for)")
+    for change, words in ((dict(adamw_kernel="torch"), "optim.kernel resolved to torch"),
+                          (dict(bf16_compute=False), "train.precision=bf16 on a GPU"),
+                          (dict(mode="lora"), "train.mode=lora"),
+                          (dict(float8="rowwise"), "model.float8=rowwise"),
+                          (dict(grad_accum=4), "train.grad_accum=4")):
+        kind, why = resolve_weights("auto", **{**ok, **change})
+        assert kind == "fp32" and words in why, why
+        with pytest.raises(UserError, match=re.escape(words) + ".*set train.weights=auto or fp32"):
+            resolve_weights("bf16", **{**ok, **change})
+    with pytest.raises(UserError, match=re.escape("train.weights='fp16'; choose one of auto, fp32, bf16")):
+        resolve_weights("fp16", **ok)
 
 
 def test_kernel_problem_names_what_the_kernels_cannot_step():

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import torch
+
 # Shapes small enough for a 2-core CI machine: 32x32 images -> 4x4 latents -> 4 patches, 8 text tokens.
 TINY = ["--set", "data.resolution=32", "--set", "data.text_tokens=8", "--set", "train.precision=fp32"]
 
@@ -37,3 +39,11 @@ def accelerate_launch(nproc: int, port: int, *args: str, timeout: int = 400) -> 
            "--num_machines=1", f"--main_process_port={port}", "--mixed_precision=no", "--dynamo_backend=no",
            "-m", "sd3cluster", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=run_env(), timeout=timeout, check=False)
+
+
+def bf16_as_kernel_rounds(master: torch.Tensor) -> torch.Tensor:
+    """The bf16 weight the Triton AdamW writes for an fp32 master: the GPU rounds to nearest even, as torch does;
+    Triton's CPU interpreter truncates (its fp32 -> bf16 conversion ignores the rounding mode)."""
+    if master.device.type == "cuda":
+        return master.to(torch.bfloat16)
+    return (master.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)

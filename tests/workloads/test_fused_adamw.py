@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sd3_helpers import TINY
+from sd3_helpers import TINY, bf16_as_kernel_rounds
 from sd3cluster.config import load_config
 from sd3cluster.dist import local_runtime
 from sd3cluster.errors import UserError
@@ -189,14 +189,6 @@ def test_whole_float4_sizes_take_the_aligned_launch_with_the_same_result():
     assert fours.aligned()
 
 
-def _as_kernel_rounds(master: torch.Tensor) -> torch.Tensor:
-    """The bf16 weight the kernel writes for `master`: the GPU rounds to nearest even, as torch does; Triton's CPU
-    interpreter truncates (its fp32 -> bf16 conversion ignores the rounding mode), which the comparison follows."""
-    if master.device.type == "cuda":
-        return master.to(torch.bfloat16)
-    return (master.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
-
-
 @kernels
 @pytest.mark.parametrize("max_norm", [1.0, 0.0], ids=["clipped", "no_clip"])
 def test_bf16_weights_step_their_fp32_masters_as_torch_adamw_steps_fp32_weights(max_norm):
@@ -221,7 +213,7 @@ def test_bf16_weights_step_their_fp32_masters_as_torch_adamw_steps_fp32_weights(
         assert float(ours.grad_norm) == pytest.approx(float(norm), rel=1e-5)
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(masters[y], x.detach(), rtol=1e-5, atol=1e-6)
-        assert torch.equal(y.detach(), _as_kernel_rounds(masters[y]))
+        assert torch.equal(y.detach(), bf16_as_kernel_rounds(masters[y]))
         for key, atol in (("exp_avg", 1e-6), ("exp_avg_sq", 1e-5)):
             torch.testing.assert_close(ours.state[y][key], reference.state[x][key], rtol=1e-5, atol=atol)
     # the masters moved by more than bf16 keeps: the weights alone could not have carried these steps

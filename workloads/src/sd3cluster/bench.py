@@ -28,21 +28,26 @@ VARIANT_KEYS: dict[str, str] = {
     "fuse": "model.fuse_qkv", "compile": "model.compile", "attn": "model.attention", "adam": "optim.fused",
     "ac": "model.activation_checkpointing", "fsdp": "train.parallel", "batch": "data.batch_size",
     "res": "data.resolution", "fp8": "model.float8", "mlp": "model.mlp",
-    "norm": "model.norm", "opt": "optim.kernel",
+    "norm": "model.norm", "opt": "optim.kernel", "w": "train.weights",
 }
+
+
+def _as_named(*names: str) -> dict[str, str]:
+    return {name: name for name in names}
+
+
 # The values a short key takes, and the configuration value each stands for.
 VARIANT_VALUES: dict[str, dict[str, Any]] = {
     "fuse": {"0": False, "1": True}, "compile": {"none": False, "block": True},
-    "attn": {name: name for name in ("auto", "fa4", "cudnn", "flash", "sdpa")},
+    "attn": _as_named("auto", "fa4", "cudnn", "flash", "sdpa"),
     "adam": {"foreach": False, "fused": True}, "ac": {"0": False, "1": True}, "fsdp": {"0": "ddp", "1": "fsdp"},
-    "fp8": {name: name for name in ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")},
-    "mlp": {name: name for name in ("auto", "torch", "quack")},
-    "norm": {name: name for name in ("auto", "torch", "triton")},
-    "opt": {name: name for name in ("auto", "torch", "triton")},
+    "fp8": _as_named("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"),
+    "mlp": _as_named("auto", "torch", "quack"), "norm": _as_named("auto", "torch", "triton"),
+    "opt": _as_named("auto", "torch", "triton"), "w": _as_named("auto", "fp32", "bf16"),
 }
 VARIANT_DEFAULTS: dict[str, dict[str, str]] = {
     "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach", mlp="torch", norm="torch",
-                      opt="torch"),
+                      opt="torch", w="fp32"),
     "optimized": {},
 }
 

@@ -101,6 +101,11 @@ class TrainConfig(_Section):
     ordered_reduce: bool = Field(False, description="DDP sums gradients in rank order (all-gather): bit-exact "
                                  "runs on 3+ ranks, at the cost of bandwidth; verify turns it on for CPU")
     precision: Literal["bf16", "fp32"] = "bf16"
+    weights: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="dtype of the trained weights and their gradients with bf16 compute: bf16 (fp32 masters "
+        "in the Triton AdamW, which writes the bf16 copy as it updates; DDP sums the gradients in fp32) or fp32 "
+        "(autocast casts every weight at every use and its gradient back); auto takes bf16 with optim.kernel=triton, "
+        "full training and train.grad_accum=1. Checkpoints hold the fp32 masters, as an fp32 run's")
     ema_decay: float = Field(0.0, ge=0, lt=1, description="0 turns EMA off")
     seed: int = 0
     log_every: int = Field(1, ge=1)

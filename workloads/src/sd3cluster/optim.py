@@ -10,20 +10,25 @@ from .errors import UserError
 from .fused_adamw import TritonAdamW
 
 
-def make_adamw(params: list, cfg: OptimConfig, device: torch.device, kernel: str) -> torch.optim.Optimizer:
+def make_adamw(params: list, cfg: OptimConfig, device: torch.device, kernel: str,
+               masters: dict[torch.Tensor, torch.Tensor] | None = None) -> torch.optim.Optimizer:
     if kernel == "triton":
-        return TritonAdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return TritonAdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                           masters=masters)
+    if masters is not None:
+        raise ValueError("fp32 masters live in the Triton AdamW (optim.kernel=triton)")
     fused = cfg.fused and device.type == "cuda"
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                              fused=fused or None, foreach=None if fused else False)
 
 
-def make_optimizer(params: list, cfg: OptimConfig, device: torch.device, kernel: str = "torch"
-                   ) -> torch.optim.Optimizer:
+def make_optimizer(params: list, cfg: OptimConfig, device: torch.device, kernel: str = "torch",
+                   masters: dict[torch.Tensor, torch.Tensor] | None = None) -> torch.optim.Optimizer:
     """optim.optimizer's choice over `params` (tensors, or param groups with their own lr); `kernel` is
-    optim.kernel resolved (fused_adamw.resolve_adamw_kernel)."""
+    optim.kernel resolved (fused_adamw.resolve_adamw_kernel); `masters`: the fp32 masters of bf16 parameters
+    (train.weights=bf16), which only the Triton AdamW steps."""
     if cfg.optimizer == "adamw":
-        return make_adamw(params, cfg, device, kernel)
+        return make_adamw(params, cfg, device, kernel, masters)
     kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "ao_adamw8bit":
         try:
@@ -52,11 +57,12 @@ def make_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.op
 
 
 class EMA:
-    """Exponential moving average of the (local shards of the) parameters, kept in fp32."""
+    """Exponential moving average of the (local shards of the) parameters, kept in fp32; of their fp32 masters
+    where bf16 parameters have them (`masters`), so the average does not take in bf16's rounding."""
 
-    def __init__(self, model: nn.Module, decay: float):
+    def __init__(self, model: nn.Module, decay: float, masters: dict[torch.Tensor, torch.Tensor] | None = None):
         self.decay = decay
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [(masters or {}).get(p, p) for p in model.parameters() if p.requires_grad]
         self.shadow = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()

@@ -51,12 +51,25 @@ def _ordered_mean_hook(state, bucket):  # no annotations: DDP checks them at run
     future = dist.all_gather(parts, buffer, async_op=True).get_future()
 
     def mean(_: torch.futures.Future) -> torch.Tensor:
-        total = parts[0].clone()
+        total = parts[0].to(torch.float32, copy=True)  # bf16 gradients are summed in fp32 too
         for part in parts[1:]:
             total += part
-        return total.div_(len(parts))
+        return buffer.copy_(total.div_(len(parts)))
 
     return future.then(mean)
+
+
+def _fp32_mean_hook(state, bucket):
+    """Mean of a bucket of bf16 gradients (train.weights=bf16), summed in fp32: the all-reduce would add bf16
+    values in bf16, rounding at every one of its world-size steps. Sends what fp32 gradients would."""
+    buffer = bucket.buffer()
+    wide = buffer.float().div_(dist.get_world_size())
+    future = dist.all_reduce(wide, async_op=True).get_future()
+
+    def narrow(_: torch.futures.Future) -> torch.Tensor:
+        return buffer.copy_(wide)
+
+    return future.then(narrow)
 
 
 def apply_ddp(model: nn.Module, rt: Runtime, ordered_reduce: bool = False) -> nn.Module:
@@ -67,6 +80,8 @@ def apply_ddp(model: nn.Module, rt: Runtime, ordered_reduce: bool = False) -> nn
                                   gradient_as_bucket_view=True)
     if ordered_reduce:
         ddp.register_comm_hook(None, _ordered_mean_hook)
+    elif any(p.requires_grad and p.dtype == torch.bfloat16 for p in model.parameters()):
+        ddp.register_comm_hook(None, _fp32_mean_hook)
     return ddp
 
 

@@ -23,7 +23,7 @@ from .data import Batch, DistributedBatchSampler, ReadAhead, ShardDataset, Synth
 from .dist import Runtime, all_reduce
 from .errors import CheckpointError, DataError, UserError
 from .flow import flow_loss, sample_noise
-from .fused_adamw import TritonAdamW, resolve_adamw_kernel
+from .fused_adamw import TritonAdamW, bf16_weights_with_fp32_masters, resolve_adamw_kernel, resolve_weights
 from .fused_norm import fuse_norms, resolve_norm
 from .lora import apply_lora, check_checkpoint_kind
 from .lora import describe as lora_describe
@@ -98,21 +98,26 @@ class Trainer:
         self.lora: dict[str, Any] | None = None
         if cfg.train.mode == "lora":
             self.lora = self._add_adapters(model)
+        self.fsdp = rt.distributed and cfg.train.parallel == "fsdp"
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.adamw_kernel, adamw_why = resolve_adamw_kernel(cfg.optim.kernel, cfg.optim.optimizer, cfg.optim.fused,
+                                                            rt.device, trainable, sharded=self.fsdp)
+        self.weights, weights_why = resolve_weights(cfg.train.weights, self.adamw_kernel, self.bf16, cfg.train.mode,
+                                                    cfg.model.float8, cfg.train.grad_accum)
+        self.kernel_note += f"; optimizer: {adamw_why}; weights: {weights_why}"
+        # bf16 weights: before DDP, whose buckets take the gradients' dtype when it is built
+        self.masters = bf16_weights_with_fp32_masters(trainable) if self.weights == "bf16" else None
         self.model = parallelize(model, rt, cfg.train.parallel, cfg.model.compile and cuda,
                                  cfg.model.activation_checkpointing, self.bf16, cfg.train.ordered_reduce,
                                  cfg.train.fsdp_cpu_offload)
-        self.fsdp = rt.distributed and cfg.train.parallel == "fsdp"
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         groups = lora_param_groups(unwrap(self.model), cfg.lora, cfg.optim.lr) if self.lora else self.params
-        self.adamw_kernel, adamw_why = resolve_adamw_kernel(cfg.optim.kernel, cfg.optim.optimizer, cfg.optim.fused,
-                                                            rt.device, self.params)
-        self.kernel_note += f"; optimizer: {adamw_why}"
-        self.optimizer = make_optimizer(groups, cfg.optim, rt.device, self.adamw_kernel)
+        self.optimizer = make_optimizer(groups, cfg.optim, rt.device, self.adamw_kernel, self.masters)
         # LoRA checkpoints hold the adapters and their optimizer state only: the frozen base is rebuilt from
         # model.pretrained (or the preset's seeded init) and is not saved again with every step.
         self.state_options = StateDictOptions(ignore_frozen_params=self.lora is not None)
         self.scheduler = make_warmup(self.optimizer, cfg.optim.warmup_steps)
-        self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
+        self.ema = EMA(self.model, cfg.train.ema_decay, self.masters) if cfg.train.ema_decay > 0 else None
         self.dataset = open_dataset(cfg)
         self.micro_batch = cfg.data.batch_size
         self.global_micro = self.micro_batch * rt.world
@@ -228,6 +233,14 @@ class Trainer:
     # -- state ----------------------------------------------------------------------------------------------
     def tensor_state(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self.state_options)
+        if self.masters is not None:
+            # bf16 weights: the checkpoint holds their fp32 masters, as an fp32 run holds its weights (export and
+            # an fp32 resume read it as one); loading fills the masters, and set_state_dict rounds the weights
+            for name, p in unwrap(self.model).named_parameters():
+                if p in self.masters:
+                    if name not in model_sd:
+                        raise RuntimeError(f"the state dict names no {name}; its masters would not be saved")
+                    model_sd[name] = self.masters[p]
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
@@ -272,10 +285,11 @@ class Trainer:
         return manager.save(self.step, self.tensor_state(), self.trainer_state())
 
     def flat_parameters(self) -> torch.Tensor:
-        """All parameters as one fp32 vector (full tensors, also under FSDP)."""
+        """All parameters as one fp32 vector (full tensors, also under FSDP; the fp32 masters of bf16 weights)."""
         parts = []
         for p in unwrap(self.model).parameters():
-            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            source = self.masters.get(p, p) if self.masters is not None else p
+            t = source.full_tensor() if hasattr(source, "full_tensor") else source
             parts.append(t.detach().float().flatten().cpu())
         return torch.cat(parts)
 

@@ -152,3 +152,27 @@ def test_ddp_averages_bf16_gradients_in_fp32(tmp_path: Path, ordered: bool):
         # the ring adds the fp32 parts in its own order: a last-bit difference may round the other way, rarely
         assert differ == 0 if ordered else differ < 0.01, differ
     assert not torch.equal(parts[0], parts[1])  # the ranks' gradients differ, so the mean is a real one
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU path: CUDA autocast, the compiled kernels")
+def test_on_a_gpu_auto_takes_bf16_weights_and_trains_as_fp32_weights_do(tmp_path: Path):
+    """On CUDA auto resolves to the Triton AdamW with bf16 weights; the losses follow an fp32-weight run's (both
+    compute in bf16, so only the weights' rounding differs) and every weight is its master rounded to nearest."""
+    runs = {}
+    for weights in ("auto", "fp32"):
+        cfg = _config(tmp_path / weights, "train.precision=bf16", "train.device=cuda", "model.compile=false",
+                      "optim.grad_clip=1.0", f"train.weights={weights}")
+        trainer = train_module.Trainer(cfg, local_runtime(torch.device("cuda")))
+        start = trainer.flat_parameters()
+        runs[weights] = (trainer, [trainer.train_step()["loss"] for _ in range(4)], start)
+    bf16, fp32 = runs["auto"][0], runs["fp32"][0]
+    assert (bf16.weights, bf16.adamw_kernel, fp32.weights) == ("bf16", "triton", "fp32")
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p.detach(), bf16.masters[p].to(torch.bfloat16))
+               for p in bf16.params)
+    assert runs["auto"][1] == pytest.approx(runs["fp32"][1], rel=2e-2)
+    assert runs["auto"][1][-1] != runs["auto"][1][0]  # it trained
+    assert torch.equal(runs["auto"][2], runs["fp32"][2])  # the same start (the masters are the fp32 init)
+    moved = (fp32.flat_parameters() - runs["fp32"][2]).abs().mean()
+    assert (bf16.flat_parameters() - fp32.flat_parameters()).abs().mean() < 0.25 * moved
+    for trainer, *_ in runs.values():
+        trainer.close()

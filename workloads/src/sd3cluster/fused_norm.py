@@ -171,8 +171,8 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
                                     scale.contiguous(), dy, dh.contiguous() if dh is not None else dy, mean, rstd,
                                     dx, dbranch, partial, tokens, channels, channels, parts, batch, GATED=gated,
                                     HAS_DH=dh is not None, ROWS=rows, **_launch_options(channels))
-    dgate = partial[2].sum(dim=1) if gated else None
-    return dx, dbranch, partial[0].sum(dim=1), partial[1].sum(dim=1), dgate
+    # the per-sample sums of shift, scale (and gate) gradients in one launch: (2 or 3, batch, channels)
+    return dx, dbranch, partial[:3 if gated else 2].sum(dim=2)
 
 
 # -- custom ops ---------------------------------------------------------------------------------------------------
@@ -195,19 +195,19 @@ def gated_adaln_op(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, sh
 
 @torch.library.custom_op("sd3cluster::adaln_backward", mutates_args=())
 def adaln_backward_op(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor,
-                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dshift, dscale), the two sums over tokens in fp32."""
-    dx, _, dshift, dscale, _ = _backward(dy, None, x, None, None, scale, mean, rstd)
-    return dx, dshift, dscale
+                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, sums): sums (2, batch, channels) fp32 holds dshift and dscale, the sums over tokens."""
+    dx, _, sums = _backward(dy, None, x, None, None, scale, mean, rstd)
+    return dx, sums
 
 
 @torch.library.custom_op("sd3cluster::gated_adaln_backward", mutates_args=())
 def gated_adaln_backward_op(dh: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, branch: torch.Tensor,
                             gate: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dbranch, dgate, dshift, dscale): dx = dh + the norm's gradient (x, h and the residual share it)."""
-    dx, dbranch, dshift, dscale, dgate = _backward(dy, dh, x, branch, gate, scale, mean, rstd)
-    return dx, dbranch, dgate, dshift, dscale
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dbranch, sums): dx = dh + the norm's gradient (x, h and the residual share it); sums (3, batch,
+    channels) fp32 holds dshift, dscale and dgate."""
+    return _backward(dy, dh, x, branch, gate, scale, mean, rstd)
 
 
 def _stats(x: torch.Tensor) -> torch.Tensor:
@@ -226,14 +226,13 @@ def _(x, branch, gate, shift, scale, eps, out_dtype):
 
 @adaln_backward_op.register_fake
 def _(dy, x, scale, mean, rstd):
-    sums = x.new_empty((x.shape[0], x.shape[2]), dtype=torch.float32)
-    return x.new_empty(x.shape), sums, sums.clone()
+    return x.new_empty(x.shape), x.new_empty((2, x.shape[0], x.shape[2]), dtype=torch.float32)
 
 
 @gated_adaln_backward_op.register_fake
 def _(dh, dy, x, branch, gate, scale, mean, rstd):
-    sums = x.new_empty((x.shape[0], x.shape[2]), dtype=torch.float32)
-    return x.new_empty(x.shape), branch.new_empty(branch.shape), sums, sums.clone(), sums.clone()
+    return (x.new_empty(x.shape), branch.new_empty(branch.shape),
+            x.new_empty((3, x.shape[0], x.shape[2]), dtype=torch.float32))
 
 
 def _adaln_setup(ctx, inputs, output) -> None:
@@ -246,8 +245,8 @@ def _adaln_setup(ctx, inputs, output) -> None:
 
 def _adaln_backward(ctx, dy, _dmean, _drstd):
     x, scale, mean, rstd = ctx.saved_tensors
-    dx, dshift, dscale = adaln_backward_op(dy, x, scale, mean, rstd)
-    return dx, dshift.to(ctx.dtypes[0]), dscale.to(ctx.dtypes[1]), None, None
+    dx, sums = adaln_backward_op(dy, x, scale, mean, rstd)
+    return dx, sums[0].to(ctx.dtypes[0]), sums[1].to(ctx.dtypes[1]), None, None
 
 
 def _gated_setup(ctx, inputs, output) -> None:
@@ -260,9 +259,9 @@ def _gated_setup(ctx, inputs, output) -> None:
 
 def _gated_backward(ctx, dh, dy, _dmean, _drstd):
     x, branch, gate, scale, mean, rstd = ctx.saved_tensors
-    dx, dbranch, dgate, dshift, dscale = gated_adaln_backward_op(dh, dy, x, branch, gate, scale, mean, rstd)
+    dx, dbranch, sums = gated_adaln_backward_op(dh, dy, x, branch, gate, scale, mean, rstd)
     gate_dtype, shift_dtype, scale_dtype = ctx.dtypes
-    return dx, dbranch, dgate.to(gate_dtype), dshift.to(shift_dtype), dscale.to(scale_dtype), None, None
+    return dx, dbranch, sums[2].to(gate_dtype), sums[0].to(shift_dtype), sums[1].to(scale_dtype), None, None
 
 
 adaln_op.register_autograd(_adaln_backward, setup_context=_adaln_setup)

@@ -108,3 +108,43 @@ def test_fa4_compiles_into_one_graph_per_block():
     explained = torch._dynamo.explain(block)(hidden_states=hidden, encoder_hidden_states=context, temb=temb)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+
+
+def test_packed_fa4_op_is_registered_with_shapes_for_tracing():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        qkv = torch.empty(10, 2, 3, 4, 64, dtype=torch.bfloat16)
+        out, lse = torch.ops.sd3cluster.fa4_attention_packed(qkv)
+        dqkv = torch.ops.sd3cluster.fa4_attention_packed_backward(out, qkv, out, lse)
+    assert out.shape == (10, 2, 4, 64) and lse.shape == (2, 4, 10) and dqkv.shape == qkv.shape
+
+
+def test_packed_attention_off_fa4_equals_attention_over_the_views():
+    from sd3cluster.attention import packed_attention
+
+    qkv = torch.randn(9, 2, 3, 2, 8)
+    q, k, v = (qkv[:, :, i].transpose(0, 1) for i in range(3))
+    torch.testing.assert_close(packed_attention(qkv, "fa4"), attention(q, k, v, "sdpa").transpose(0, 1))
+
+
+def test_packed_fa4_equals_fa4_on_separate_tensors_with_its_gradient():
+    """The packed op reads q, k, v and writes out and dq, dk, dv through strided views of the packed layout; the
+    result is FA4's on contiguous copies (the same kernels on the same values; dq adds its parts with atomics, so
+    its last bits may differ between two runs)."""
+    why = _fa4_ready()
+    if why:
+        pytest.skip(why)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    qkv = torch.randn(4250, 2, 3, 24, 64, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    dout = torch.randn(4250, 2, 24, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    out = torch.ops.sd3cluster.fa4_attention_packed(qkv)[0]
+    (dqkv,) = torch.autograd.grad(out, qkv, dout)
+    separate = [qkv[:, :, i].transpose(0, 1).contiguous().detach().requires_grad_() for i in range(3)]
+    ref = torch.ops.sd3cluster.fa4_attention(*separate)[0]
+    grads = torch.autograd.grad(ref, separate, dout.transpose(0, 1))
+    assert torch.equal(out, ref.transpose(0, 1))
+    for i, grad in enumerate(grads):
+        got = dqkv[:, :, i].float()
+        expected = grad.transpose(0, 1).float()
+        assert ((got - expected).norm() / expected.norm()).item() < 1e-3, "qkv"[i]

@@ -42,8 +42,10 @@ def _inputs(gated, dtype=torch.float64, batch=2, tokens=37, channels=48):
 
 
 @interpreter
+@pytest.mark.parametrize("seq_first", [False, True], ids=["batch_first", "seq_first"])
 @pytest.mark.parametrize("gated", [False, True], ids=["adaln", "gated_adaln"])
-def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated):
+def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated, seq_first):
+    """Also in the sequence-first layout (tokens, batch, channels), where row r belongs to sample r % batch."""
     x, branch, gate, shift, scale = _inputs(gated)
     leaves = [t for t in (x, branch, gate, shift, scale) if t is not None]
     gen = torch.Generator().manual_seed(4)
@@ -51,11 +53,16 @@ def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated):
 
     h, y = _reference(x, branch, gate, shift, scale, 1e-6)
     expected = torch.autograd.grad((y * dy).sum() + ((h * dh).sum() if gated else 0), leaves)
+
+    def layout(t):  # the kernels' input in the layout under test, its output back in (batch, tokens, channels)
+        return t.transpose(0, 1).contiguous() if seq_first and t is not None else t
+
     if gated:
-        h_k, y_k = fused_norm.gated_adaln(x, branch, gate, shift, scale, 1e-6)
+        h_k, y_k = fused_norm.gated_adaln(layout(x), layout(branch), gate, shift, scale, 1e-6, seq_first)
+        h_k, y_k = layout(h_k), layout(y_k)
         torch.testing.assert_close(h_k, h, rtol=0, atol=1e-5)
     else:
-        y_k = fused_norm.adaln(x, shift, scale, 1e-6)
+        y_k = layout(fused_norm.adaln(layout(x), shift, scale, 1e-6, seq_first))
     assert y_k.dtype == x.dtype
     torch.testing.assert_close(y_k, y, rtol=0, atol=1e-5)  # the kernels compute in fp32
     got = torch.autograd.grad((y_k * dy).sum() + ((h_k * dh).sum() if gated else 0), leaves)
@@ -120,6 +127,23 @@ def test_resolve_norm_names_the_choice_and_the_fix():
         resolve_norm("apex", cpu)
 
 
+def test_resolve_layout_takes_sequence_where_fa4_and_the_fused_norms_run_the_blocks():
+    from sd3cluster.models import resolve_layout
+
+    assert resolve_layout("auto", True, "fa4", "triton")[0] == "sequence"
+    assert resolve_layout("batch", True, "fa4", "triton") == ("batch", "batch (asked for)")
+    for args, words in (((False, "fa4", "triton"), "model.fuse_qkv=false"),
+                        ((True, "cudnn", "triton"), "the attention runs on cudnn"),
+                        ((True, "fa4", "torch"), "model.norm resolved to torch")):
+        kind, why = resolve_layout("auto", *args)
+        assert kind == "batch" and words in why, why
+        with pytest.raises(UserError, match=r"model\.layout=sequence cannot run here .*set model\.layout=auto or "
+                                            r"batch"):
+            resolve_layout("sequence", *args)
+    with pytest.raises(UserError, match=r"model\.layout='rows'; choose one of auto, batch, sequence"):
+        resolve_layout("rows", True, "fa4", "triton")
+
+
 def test_config_rejects_an_unknown_norm():
     with pytest.raises(ValueError, match="norm"):
         Config.model_validate({"model": {"preset": "tiny", "norm": "apex"}})
@@ -128,6 +152,64 @@ def test_config_rejects_an_unknown_norm():
 # -- on the GPU -----------------------------------------------------------------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _joint_blocks(dim: int, heads: int, count: int, device="cpu") -> list:
+    """`count` joint blocks of SD3's layout, the last with an unmodulated context (context_pre_only), seeded."""
+    from diffusers.models.attention import JointTransformerBlock
+
+    torch.manual_seed(0)
+    return [JointTransformerBlock(dim=dim, num_attention_heads=heads, attention_head_dim=dim // heads,
+                                  context_pre_only=i == count - 1).to(device) for i in range(count)]
+
+
+def _run_blocks(blocks, hidden, context, temb):
+    for block in blocks:
+        context, hidden = block(hidden, context, temb)
+    return hidden, context
+
+
+@interpreter
+def test_sequence_first_blocks_equal_diffusers_in_output_and_every_gradient():
+    """With fused q/k/v on the FA4 backend the fused blocks run their streams as (tokens, batch, channels) and hand
+    the next block a transposed view; the last block (diffusers' forward) takes that view as it is. fp32 inputs
+    route the packed attention to sdpa, so this runs on the CPU; the GPU test below runs FA4 itself."""
+    from sd3cluster.models import fuse_qkv, sequence_first_backend
+
+    plain, fused = _joint_blocks(32, 2, 3), _joint_blocks(32, 2, 3)
+    for block in fused:
+        fuse_qkv(block, attention_backend="fa4", sequence_first=True)
+    assert sum(fuse_norms(block) for block in fused) == 2
+    assert sequence_first_backend(fused[0].attn) == "fa4" and sequence_first_backend(plain[0].attn) is None
+    gen = torch.Generator().manual_seed(7)
+    hidden, context = torch.randn(2, 19, 32, generator=gen), torch.randn(2, 5, 32, generator=gen)
+    temb = torch.randn(2, 32, generator=gen)
+    out_c, out_h = fused[0](hidden, context, temb)
+    assert out_h.shape == (2, 19, 32) and out_h.stride() == (32, 2 * 32, 1)  # a view of (tokens, batch, channels)
+    results = {}
+    for name, blocks in (("plain", plain), ("fused", fused)):
+        h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()
+        out_h, out_c = _run_blocks(blocks, h, c, temb)
+        (out_h.square().mean() + (out_c.square().mean() if out_c is not None else 0)).backward()
+        grads = {}
+        for i, block in enumerate(blocks):
+            grads.update({f"{i}.{n}": p.grad for n, p in block.named_parameters() if p.grad is not None})
+        results[name] = (out_h, h.grad, c.grad, grads)
+    (out_p, dh_p, dc_p, grads_p), (out_f, dh_f, dc_f, grads_f) = results["plain"], results["fused"]
+    torch.testing.assert_close(out_f, out_p, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dh_f, dh_p, rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(dc_f, dc_p, rtol=1e-3, atol=1e-6)
+    fused_names = {n.replace("to_qkv", "to_q").replace("to_added_qkv", "add_q_proj") for n in grads_f}
+    assert {n for n in grads_p if "to_k" not in n and "to_v" not in n and "add_k" not in n and "add_v" not in n} \
+        == fused_names
+    for name, grad in grads_f.items():
+        if "qkv" in name:  # the fused projection's gradient is the three diffusers ones, stacked
+            parts = ("to_q", "to_k", "to_v") if "to_qkv" in name else ("add_q_proj", "add_k_proj", "add_v_proj")
+            grad_p = torch.cat([grads_p[name.replace("to_added_qkv" if "added" in name else "to_qkv", part)]
+                                for part in parts])
+        else:
+            grad_p = grads_p[name]
+        torch.testing.assert_close(grad, grad_p, rtol=1e-3, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _sd3_block_pair(device):
@@ -166,6 +248,38 @@ def test_fused_block_equals_diffusers_on_the_gpu_at_sd3_medium_width():
         assert ((a - b).norm() / b.norm()).item() < 2e-2, label
     for name, grad in plain_r[4].items():
         assert ((fused_r[4][name] - grad).norm() / grad.norm().clamp_min(1e-12)).item() < 5e-2, name
+
+
+def test_sequence_first_blocks_equal_diffusers_on_the_gpu_with_fa4_and_compile_in_one_graph():
+    """SD3-medium-width blocks, the fused ones on FA4 in the sequence-first layout, under autocast as in training."""
+    from sd3cluster.attention import fa4_import_problem
+    from sd3cluster.models import fuse_qkv
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or fa4_import_problem():
+        pytest.skip("needs an sm90+ GPU with flash-attn-4")
+    device = torch.device("cuda")
+    plain, fused = _joint_blocks(1536, 24, 3, device), _joint_blocks(1536, 24, 3, device)
+    for block in fused:
+        fuse_qkv(block, attention_backend="fa4", sequence_first=True)
+        fuse_norms(block)
+    gen = torch.Generator(device=device).manual_seed(1)
+    hidden = torch.randn(2, 1024, 1536, device=device, generator=gen)
+    context = torch.randn(2, 154, 1536, device=device, generator=gen)
+    temb = torch.randn(2, 1536, device=device, generator=gen)
+    results = {}
+    for name, blocks in (("plain", plain), ("fused", fused)):
+        h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out_h, _ = _run_blocks(blocks, h, c, temb)
+        out_h.float().square().mean().backward()
+        results[name] = (out_h.float(), h.grad, c.grad)
+    for label, got, expected in zip(("out", "d image", "d context"), results["fused"], results["plain"], strict=True):
+        assert ((got - expected).norm() / expected.norm()).item() < 2e-2, label
+    torch._dynamo.reset()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(fused[1])(hidden.transpose(0, 1).contiguous().transpose(0, 1), context
+                                                   .transpose(0, 1).contiguous().transpose(0, 1), temb)
+    assert explained.graph_break_count == 0, explained.break_reasons
 
 
 @needs_cuda

@@ -28,7 +28,7 @@ VARIANT_KEYS: dict[str, str] = {
     "fuse": "model.fuse_qkv", "compile": "model.compile", "attn": "model.attention", "adam": "optim.fused",
     "ac": "model.activation_checkpointing", "fsdp": "train.parallel", "batch": "data.batch_size",
     "res": "data.resolution", "fp8": "model.float8", "mlp": "model.mlp",
-    "norm": "model.norm", "opt": "optim.kernel", "w": "train.weights",
+    "norm": "model.norm", "opt": "optim.kernel", "w": "train.weights", "layout": "model.layout",
 }
 
 
@@ -44,10 +44,11 @@ VARIANT_VALUES: dict[str, dict[str, Any]] = {
     "fp8": _as_named("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"),
     "mlp": _as_named("auto", "torch", "quack"), "norm": _as_named("auto", "torch", "triton"),
     "opt": _as_named("auto", "torch", "triton"), "w": _as_named("auto", "fp32", "bf16"),
+    "layout": _as_named("auto", "batch", "sequence"),
 }
 VARIANT_DEFAULTS: dict[str, dict[str, str]] = {
     "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach", mlp="torch", norm="torch",
-                      opt="torch", w="fp32"),
+                      opt="torch", w="fp32", layout="batch"),
     "optimized": {},
 }
 

@@ -43,6 +43,11 @@ class ModelConfig(_Section):
         "auto", description="adaLN LayerNorm + modulation (and the gated residual before the second norm) of the "
         "joint blocks: torch (diffusers' modules, compiled with the block) or triton (one fused kernel each way, "
         "sd3cluster.fused_norm); auto: triton on CUDA when it imports, else torch. Printed at start")
+    layout: Literal["auto", "batch", "sequence"] = Field(
+        "auto", description="memory layout of the joint blocks' streams: sequence ((tokens, batch, channels): both "
+        "streams' q/k/v are row blocks of one packed tensor, which FA4 reads and writes in place, so no q/k/v is "
+        "copied or stacked) or batch (diffusers' (batch, tokens, channels)); auto: sequence where it applies "
+        "(fused q/k/v without q/k norms, model.attention resolved to fa4, model.norm to triton). Printed at start")
     activation_checkpointing: bool = False
 
 

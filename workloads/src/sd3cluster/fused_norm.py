@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .kernel_choice import choose_kernel, triton_import_problem
+from .models import joint_attention_sequence_first, sequence_first_backend
 
 
 def backward_rows(rows: int) -> int:
@@ -46,10 +47,11 @@ def _kernels() -> tuple[Any, Any]:
     import triton.language as tl
 
     @triton.jit
-    def triton_adaln_forward(X, BRANCH, GATE, SHIFT, SCALE, H, Y, MEAN, RSTD, tokens, channels, mod_stride, eps,
-                             GATED: tl.constexpr, BLOCK_C: tl.constexpr):
+    def triton_adaln_forward(X, BRANCH, GATE, SHIFT, SCALE, H, Y, MEAN, RSTD, tokens, samples, channels, mod_stride,
+                             eps, GATED: tl.constexpr, SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr):
         row = tl.program_id(0)
-        sample = row // tokens
+        # rows in (batch, tokens) order, or (tokens, batch) for the sequence-first layout
+        sample = row % samples if SEQ_FIRST else row // tokens
         cols = tl.arange(0, BLOCK_C)
         mask = cols < channels
         offsets = row.to(tl.int64) * channels + cols
@@ -73,7 +75,7 @@ def _kernels() -> tuple[Any, Any]:
     @triton.jit
     def triton_adaln_backward(X, BRANCH, GATE, SCALE, DY, DH, MEAN, RSTD, DX, DBRANCH, PARTIAL, tokens, channels,
                               mod_stride, parts, samples, GATED: tl.constexpr, HAS_DH: tl.constexpr,
-                              BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+                              SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
         sample = tl.program_id(0)
         part = tl.program_id(1)
         cols = tl.arange(0, BLOCK_C)
@@ -90,7 +92,7 @@ def _kernels() -> tuple[Any, Any]:
             token = part * ROWS + r
             valid = token < tokens
             mask = cmask & valid
-            row = sample * tokens + token
+            row = token * samples + sample if SEQ_FIRST else sample * tokens + token
             offsets = row.to(tl.int64) * channels + cols
             x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
             branch = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -131,16 +133,23 @@ def _launch_options(channels: int) -> dict[str, int]:
     return {"BLOCK_C": block, "num_warps": 8 if block >= 2048 else 4 if block >= 512 else 1}
 
 
-def _check(x: torch.Tensor, shift: torch.Tensor) -> None:
-    if x.dim() != 3 or shift.dim() != 2 or shift.shape != (x.shape[0], x.shape[2]):
-        raise ValueError(f"adaLN expects x (batch, tokens, channels) and shift/scale/gate (batch, channels); got "
+def _dims(x: torch.Tensor, seq_first: bool) -> tuple[int, int, int]:
+    """(batch, tokens, channels) of x, which is (batch, tokens, channels), or (tokens, batch, channels) when
+    seq_first."""
+    return (x.shape[1], x.shape[0], x.shape[2]) if seq_first else tuple(x.shape)
+
+
+def _check(x: torch.Tensor, shift: torch.Tensor, seq_first: bool) -> None:
+    layout = "(tokens, batch, channels)" if seq_first else "(batch, tokens, channels)"
+    if x.dim() != 3 or shift.dim() != 2 or shift.shape != (_dims(x, seq_first)[0], x.shape[2]):
+        raise ValueError(f"adaLN expects x {layout} and shift/scale/gate (batch, channels); got "
                          f"{tuple(x.shape)} and {tuple(shift.shape)}")
 
 
 def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | None, shift: torch.Tensor,
-             scale: torch.Tensor, eps: float, out_dtype: torch.dtype):
-    _check(x, shift)
-    batch, tokens, channels = x.shape
+             scale: torch.Tensor, eps: float, out_dtype: torch.dtype, seq_first: bool = False):
+    _check(x, shift, seq_first)
+    batch, tokens, channels = _dims(x, seq_first)
     x = x.contiguous()
     gated = branch is not None
     h = torch.empty_like(x) if gated else x
@@ -150,14 +159,15 @@ def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | 
     mods = [t.contiguous() for t in (gate if gated else shift, shift, scale)]
     forward_kernel, _ = _kernels()
     forward_kernel[(batch * tokens,)](x, branch.contiguous() if gated else x, mods[0], mods[1], mods[2], h, y, mean,
-                                      rstd, tokens, channels, channels, eps, GATED=gated,
-                                      **_launch_options(channels))
+                                      rstd, tokens, batch, channels, channels, eps, GATED=gated,
+                                      SEQ_FIRST=seq_first, **_launch_options(channels))
     return h, y, mean, rstd
 
 
 def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch: torch.Tensor | None,
-              gate: torch.Tensor | None, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor):
-    batch, tokens, channels = x.shape
+              gate: torch.Tensor | None, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+              seq_first: bool = False):
+    batch, tokens, channels = _dims(x, seq_first)
     gated = branch is not None
     rows = backward_rows(batch * tokens)
     parts = -(-tokens // rows)
@@ -170,7 +180,8 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
     backward_kernel[(batch, parts)](x, branch if gated else x, gate.contiguous() if gated else scale,
                                     scale.contiguous(), dy, dh.contiguous() if dh is not None else dy, mean, rstd,
                                     dx, dbranch, partial, tokens, channels, channels, parts, batch, GATED=gated,
-                                    HAS_DH=dh is not None, ROWS=rows, **_launch_options(channels))
+                                    HAS_DH=dh is not None, SEQ_FIRST=seq_first, ROWS=rows,
+                                    **_launch_options(channels))
     # the per-sample sums of shift, scale (and gate) gradients in one launch: (2 or 3, batch, channels)
     return dx, dbranch, partial[:3 if gated else 2].sum(dim=2)
 
@@ -178,36 +189,37 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
 # -- custom ops ---------------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("sd3cluster::adaln", mutates_args=())
-def adaln_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
-             out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, mean, rstd): y = LayerNorm(x) * (1 + scale) + shift in out_dtype; the row statistics for the backward."""
-    _, y, mean, rstd = _forward(x, None, None, shift, scale, eps, out_dtype)
+def adaln_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, out_dtype: torch.dtype,
+             seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd): y = LayerNorm(x) * (1 + scale) + shift in out_dtype; the row statistics for the backward.
+    seq_first: x is (tokens, batch, channels)."""
+    _, y, mean, rstd = _forward(x, None, None, shift, scale, eps, out_dtype, seq_first)
     return y, mean, rstd
 
 
 @torch.library.custom_op("sd3cluster::gated_adaln", mutates_args=())
 def gated_adaln_op(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
-                   scale: torch.Tensor, eps: float,
-                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   scale: torch.Tensor, eps: float, out_dtype: torch.dtype,
+                   seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h, y, mean, rstd): h = x + gate * branch (x's dtype), y = adaLN of h as in adaln_op."""
-    return _forward(x, branch, gate, shift, scale, eps, out_dtype)
+    return _forward(x, branch, gate, shift, scale, eps, out_dtype, seq_first)
 
 
 @torch.library.custom_op("sd3cluster::adaln_backward", mutates_args=())
 def adaln_backward_op(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor,
-                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      rstd: torch.Tensor, seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, sums): sums (2, batch, channels) fp32 holds dshift and dscale, the sums over tokens."""
-    dx, _, sums = _backward(dy, None, x, None, None, scale, mean, rstd)
+    dx, _, sums = _backward(dy, None, x, None, None, scale, mean, rstd, seq_first)
     return dx, sums
 
 
 @torch.library.custom_op("sd3cluster::gated_adaln_backward", mutates_args=())
 def gated_adaln_backward_op(dh: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, branch: torch.Tensor,
-                            gate: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            gate: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                            seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dbranch, sums): dx = dh + the norm's gradient (x, h and the residual share it); sums (3, batch,
     channels) fp32 holds dshift, dscale and dgate."""
-    return _backward(dy, dh, x, branch, gate, scale, mean, rstd)
+    return _backward(dy, dh, x, branch, gate, scale, mean, rstd, seq_first)
 
 
 def _stats(x: torch.Tensor) -> torch.Tensor:
@@ -215,28 +227,28 @@ def _stats(x: torch.Tensor) -> torch.Tensor:
 
 
 @adaln_op.register_fake
-def _(x, shift, scale, eps, out_dtype):
+def _(x, shift, scale, eps, out_dtype, seq_first):
     return x.new_empty(x.shape, dtype=out_dtype), _stats(x), _stats(x)
 
 
 @gated_adaln_op.register_fake
-def _(x, branch, gate, shift, scale, eps, out_dtype):
+def _(x, branch, gate, shift, scale, eps, out_dtype, seq_first):
     return x.new_empty(x.shape), x.new_empty(x.shape, dtype=out_dtype), _stats(x), _stats(x)
 
 
 @adaln_backward_op.register_fake
-def _(dy, x, scale, mean, rstd):
-    return x.new_empty(x.shape), x.new_empty((2, x.shape[0], x.shape[2]), dtype=torch.float32)
+def _(dy, x, scale, mean, rstd, seq_first):
+    return x.new_empty(x.shape), x.new_empty((2, _dims(x, seq_first)[0], x.shape[2]), dtype=torch.float32)
 
 
 @gated_adaln_backward_op.register_fake
-def _(dh, dy, x, branch, gate, scale, mean, rstd):
+def _(dh, dy, x, branch, gate, scale, mean, rstd, seq_first):
     return (x.new_empty(x.shape), branch.new_empty(branch.shape),
-            x.new_empty((3, x.shape[0], x.shape[2]), dtype=torch.float32))
+            x.new_empty((3, _dims(x, seq_first)[0], x.shape[2]), dtype=torch.float32))
 
 
 def _adaln_setup(ctx, inputs, output) -> None:
-    x, shift, scale, _eps, _dtype = inputs
+    x, shift, scale, _eps, _dtype, ctx.seq_first = inputs
     _, mean, rstd = output
     ctx.save_for_backward(x, scale, mean, rstd)
     ctx.dtypes = (shift.dtype, scale.dtype)
@@ -245,12 +257,12 @@ def _adaln_setup(ctx, inputs, output) -> None:
 
 def _adaln_backward(ctx, dy, _dmean, _drstd):
     x, scale, mean, rstd = ctx.saved_tensors
-    dx, sums = adaln_backward_op(dy, x, scale, mean, rstd)
-    return dx, sums[0].to(ctx.dtypes[0]), sums[1].to(ctx.dtypes[1]), None, None
+    dx, sums = adaln_backward_op(dy, x, scale, mean, rstd, ctx.seq_first)
+    return dx, sums[0].to(ctx.dtypes[0]), sums[1].to(ctx.dtypes[1]), None, None, None
 
 
 def _gated_setup(ctx, inputs, output) -> None:
-    x, branch, gate, shift, scale, _eps, _dtype = inputs
+    x, branch, gate, shift, scale, _eps, _dtype, ctx.seq_first = inputs
     _, _, mean, rstd = output
     ctx.save_for_backward(x, branch, gate, scale, mean, rstd)
     ctx.dtypes = (gate.dtype, shift.dtype, scale.dtype)
@@ -259,9 +271,10 @@ def _gated_setup(ctx, inputs, output) -> None:
 
 def _gated_backward(ctx, dh, dy, _dmean, _drstd):
     x, branch, gate, scale, mean, rstd = ctx.saved_tensors
-    dx, dbranch, sums = gated_adaln_backward_op(dh, dy, x, branch, gate, scale, mean, rstd)
+    dx, dbranch, sums = gated_adaln_backward_op(dh, dy, x, branch, gate, scale, mean, rstd, ctx.seq_first)
     gate_dtype, shift_dtype, scale_dtype = ctx.dtypes
-    return dx, dbranch, sums[2].to(gate_dtype), sums[0].to(shift_dtype), sums[1].to(scale_dtype), None, None
+    return (dx, dbranch, sums[2].to(gate_dtype), sums[0].to(shift_dtype), sums[1].to(scale_dtype), None, None,
+            None)
 
 
 adaln_op.register_autograd(_adaln_backward, setup_context=_adaln_setup)
@@ -273,15 +286,17 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
 
 
-def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm(x) * (1 + scale[:, None]) + shift[:, None] (no affine parameters), in the dtype its consumer uses."""
-    return adaln_op(x, shift, scale, eps, _compute_dtype(x))[0]
+def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+          seq_first: bool = False) -> torch.Tensor:
+    """LayerNorm(x) * (1 + scale) + shift (no affine parameters; shift and scale per sample), in the dtype its
+    consumer uses. x is (batch, tokens, channels), or (tokens, batch, channels) when seq_first."""
+    return adaln_op(x, shift, scale, eps, _compute_dtype(x), seq_first)[0]
 
 
 def gated_adaln(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
-                scale: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, adaln(h, shift, scale)) with h = x + gate[:, None] * branch: the residual update and the next norm."""
-    h, y, _, _ = gated_adaln_op(x, branch, gate, shift, scale, eps, _compute_dtype(x))
+                scale: torch.Tensor, eps: float, seq_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, adaln(h, shift, scale)) with h = x + gate * branch: the residual update and the next norm."""
+    h, y, _, _ = gated_adaln_op(x, branch, gate, shift, scale, eps, _compute_dtype(x), seq_first)
     return h, y
 
 
@@ -312,16 +327,22 @@ def _modulation(norm: nn.Module, temb: torch.Tensor) -> tuple[torch.Tensor, ...]
     return norm.linear(norm.silu(temb)).chunk(6, dim=1)
 
 
-def _stream(x: torch.Tensor, mods: tuple[torch.Tensor, ...], norm1_eps: float) -> torch.Tensor:
+def _stream(x: torch.Tensor, mods: tuple[torch.Tensor, ...], norm1_eps: float, seq_first: bool) -> torch.Tensor:
     shift_msa, scale_msa = mods[0], mods[1]
-    return adaln(x, shift_msa, scale_msa, norm1_eps)
+    return adaln(x, shift_msa, scale_msa, norm1_eps, seq_first)
 
 
 def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, mods: tuple[torch.Tensor, ...], norm2: nn.LayerNorm,
-                     ff: nn.Module) -> torch.Tensor:
+                     ff: nn.Module, seq_first: bool) -> torch.Tensor:
     _, _, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
-    h, y = gated_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2.eps)
-    return h + gate_mlp.unsqueeze(1) * ff(y)
+    h, y = gated_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2.eps, seq_first)
+    return h + gate_mlp.unsqueeze(0 if seq_first else 1) * ff(y)
+
+
+def _sequence_first(x: torch.Tensor) -> torch.Tensor:
+    """(tokens, batch, channels) of a (batch, tokens, channels) stream: free when a fused block before this one
+    returned it (a transposed view of its sequence-first result), one copy at the first block."""
+    return x.transpose(0, 1).contiguous()
 
 
 def fuse_norms(model: nn.Module) -> int:
@@ -338,13 +359,25 @@ def fuse_norms(model: nn.Module) -> int:
                 return super().forward(hidden_states, encoder_hidden_states, temb, joint_attention_kwargs)
             img = _modulation(self.norm1, temb)
             txt = _modulation(self.norm1_context, temb)
-            attn_img, attn_txt = self.attn(
-                hidden_states=_stream(hidden_states, img, self.norm1.norm.eps),
-                encoder_hidden_states=_stream(encoder_hidden_states, txt, self.norm1_context.norm.eps),
-                **(joint_attention_kwargs or {}))
-            hidden_states = _after_attention(hidden_states, attn_img, img, self.norm2, self.ff)
+            backend = sequence_first_backend(self.attn)
+            seq_first = backend is not None and not joint_attention_kwargs
+            if seq_first:
+                # The streams run as (tokens, batch, channels) and leave as transposed views of that, so the next
+                # fused block takes them without a copy and the q/k/v of both streams share one packed tensor.
+                hidden_states, encoder_hidden_states = (_sequence_first(hidden_states),
+                                                        _sequence_first(encoder_hidden_states))
+            normed_img = _stream(hidden_states, img, self.norm1.norm.eps, seq_first)
+            normed_txt = _stream(encoder_hidden_states, txt, self.norm1_context.norm.eps, seq_first)
+            if seq_first:
+                attn_img, attn_txt = joint_attention_sequence_first(self.attn, normed_img, normed_txt, backend)
+            else:
+                attn_img, attn_txt = self.attn(hidden_states=normed_img, encoder_hidden_states=normed_txt,
+                                               **(joint_attention_kwargs or {}))
+            hidden_states = _after_attention(hidden_states, attn_img, img, self.norm2, self.ff, seq_first)
             encoder_hidden_states = _after_attention(encoder_hidden_states, attn_txt, txt, self.norm2_context,
-                                                     self.ff_context)
+                                                     self.ff_context, seq_first)
+            if seq_first:
+                return encoder_hidden_states.transpose(0, 1), hidden_states.transpose(0, 1)
             return encoder_hidden_states, hidden_states
 
     fused = 0

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import attention
+from .attention import attention, packed_attention
 from .errors import UserError
+from .kernel_choice import choose_kernel
 
 # Configs of the published checkpoints' transformer/config.json; `tiny` is for CPU tests.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -89,10 +90,12 @@ def count_parameters(model: nn.Module) -> int:
 
 class FusedJointAttnProcessor:
     """Joint attention with one q/k/v projection per stream; q, k and v stay in the projection's (batch, tokens,
-    heads, head_dim) layout, which FlashAttention-4 reads as it is. `backend` is a resolved one (attention.py)."""
+    heads, head_dim) layout, which FlashAttention-4 reads as it is. `backend` is a resolved one (attention.py);
+    `sequence_first`: the fused norms' blocks call joint_attention_sequence_first instead (model.layout)."""
 
-    def __init__(self, backend: str = "sdpa"):
+    def __init__(self, backend: str = "sdpa", sequence_first: bool = False):
         self.backend = backend
+        self.sequence_first = sequence_first
 
     def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, **_: Any) -> Any:
@@ -115,6 +118,47 @@ class FusedJointAttnProcessor:
         if not attn.context_pre_only:
             txt = attn.to_add_out(txt)
         return img, txt
+
+
+def sequence_first_backend(attn: nn.Module) -> str | None:
+    """The attention backend when this joint attention runs in the sequence-first layout
+    (joint_attention_sequence_first): fused with sequence_first (model.layout), without q/k norms (SD3.5's), with a
+    context stream that has its own output projection; else None."""
+    processor = getattr(attn, "processor", None)
+    if not isinstance(processor, FusedJointAttnProcessor) or not processor.sequence_first:
+        return None
+    if attn.norm_q is not None or getattr(attn, "norm_added_q", None) is not None:
+        return None
+    if getattr(attn, "to_added_qkv", None) is None or getattr(attn, "to_add_out", None) is None:
+        return None
+    return processor.backend
+
+
+def resolve_layout(name: str, fuse_qkv: bool, attention_backend: str, norm: str) -> tuple[str, str]:
+    """(kind, why) for model.layout: sequence where FA4 and the fused norms run the joint blocks, else batch."""
+
+    def problem() -> str | None:
+        if not fuse_qkv:
+            return "model.fuse_qkv=false"
+        if attention_backend != "fa4":
+            return f"the attention runs on {attention_backend}; FA4 reads the packed layout in place"
+        if norm != "triton":
+            return "model.norm resolved to torch; the fused norms' blocks run the layout"
+        return None
+
+    return choose_kernel("model.layout", name, "sequence", "q/k/v of both streams packed, FA4 in place", problem,
+                         plain="batch")
+
+
+def joint_attention_sequence_first(attn: nn.Module, image: torch.Tensor, context: torch.Tensor,
+                                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """FusedJointAttnProcessor's attention for (tokens, batch, channels) streams. Both projections' rows are whole
+    blocks of one (tokens, batch, 3, heads, head_dim) tensor, which FA4 reads as q, k and v; its output's rows
+    split into the two output projections' inputs as they are: no q/k/v is copied or stacked either way."""
+    n_img, batch, _ = image.shape
+    qkv = torch.cat([attn.to_qkv(image), attn.to_added_qkv(context)])
+    out = packed_attention(qkv.view(qkv.shape[0], batch, 3, attn.heads, -1), backend).flatten(2)
+    return attn.to_out[0](out[:n_img]), attn.to_add_out(out[n_img:])
 
 
 @functools.cache
@@ -209,9 +253,10 @@ def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-def fuse_qkv(model: nn.Module, attention_backend: str = "sdpa") -> nn.Module:
+def fuse_qkv(model: nn.Module, attention_backend: str = "sdpa", sequence_first: bool = False) -> nn.Module:
     """Replace to_q/to_k/to_v (and add_*_proj) by one linear each, keeping the same function; attention runs on
-    `attention_backend`, a backend that attention.resolve_backend returned for the model's device."""
+    `attention_backend`, a backend that attention.resolve_backend returned for the model's device, in the
+    sequence-first layout where the fused norms' blocks can (`sequence_first`, model.layout resolved)."""
     from diffusers.models.attention_processor import Attention
 
     for module in model.modules():
@@ -222,7 +267,7 @@ def fuse_qkv(model: nn.Module, attention_backend: str = "sdpa") -> nn.Module:
         if getattr(module, "add_q_proj", None) is not None:
             module.to_added_qkv = _fused_linear([module.add_q_proj, module.add_k_proj, module.add_v_proj])
             del module.add_q_proj, module.add_k_proj, module.add_v_proj
-        module.set_processor(FusedJointAttnProcessor(attention_backend))
+        module.set_processor(FusedJointAttnProcessor(attention_backend, sequence_first))
     return model
 
 

@@ -34,6 +34,7 @@ from .models import (
     count_parameters,
     fuse_mlp,
     fuse_qkv,
+    resolve_layout,
     resolve_mlp,
     text_dims,
     train_flops_per_image,
@@ -81,15 +82,17 @@ class Trainer:
         self.attention, why = resolve_backend(cfg.model.attention, rt.device)
         attention_note = f"attention: {why}" if cfg.model.fuse_qkv else \
             "attention: diffusers' processor (model.fuse_qkv=false; model.attention applies to the fused model)"
+        self.norm, norm_why = resolve_norm(cfg.model.norm, rt.device)
+        self.layout, layout_why = resolve_layout(cfg.model.layout, cfg.model.fuse_qkv, self.attention, self.norm)
         if cfg.model.fuse_qkv:
-            fuse_qkv(model, attention_backend=self.attention)
+            fuse_qkv(model, attention_backend=self.attention, sequence_first=self.layout == "sequence")
         self.mlp, mlp_why = resolve_mlp(cfg.model.mlp, rt.device, self.bf16, cfg.train.mode == "lora")
         if self.mlp == "quack":
             fuse_mlp(model)
-        self.norm, norm_why = resolve_norm(cfg.model.norm, rt.device)
         if self.norm == "triton":
             norm_why += f", in {fuse_norms(model)} joint blocks (the others keep diffusers' norms)"
-        self.kernel_note = f"{attention_note}; feed-forward: {mlp_why}; adaLN norms: {norm_why}"
+        self.kernel_note = (f"{attention_note}; feed-forward: {mlp_why}; adaLN norms: {norm_why}; "
+                            f"block layout: {layout_why}")
         if cfg.model.float8 != "none":
             if not cuda:
                 raise UserError(f"model.float8={cfg.model.float8} needs a GPU with float8 tensor cores; set "

@@ -12,6 +12,7 @@ from torch import nn
 from .attention import attention, packed_attention
 from .errors import UserError
 from .kernel_choice import choose_kernel
+from .row_blocks import joined_linear, split_linear
 
 # Configs of the published checkpoints' transformer/config.json; `tiny` is for CPU tests.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -156,8 +157,17 @@ def joint_attention_sequence_first(attn: nn.Module, image: torch.Tensor, context
     blocks of one (tokens, batch, 3, heads, head_dim) tensor, which FA4 reads as q, k and v; its output's rows
     split into the two output projections' inputs as they are: no q/k/v is copied or stacked either way."""
     n_img, batch, _ = image.shape
-    qkv = torch.cat([attn.to_qkv(image), attn.to_added_qkv(context)])
+    projections = (attn.to_qkv, attn.to_added_qkv, attn.to_out[0], attn.to_add_out)
+    plain = all(type(p) is nn.Linear for p in projections)  # LoRA's and float8's linears keep their forward
+    if plain:  # each GEMM writes its rows of the joined tensor (row_blocks), no copy joins or splits them
+        dtype = image.dtype  # the adaLN kernels' output: autocast's dtype where it is on
+        weights = [(p.weight.to(dtype), p.bias.to(dtype) if p.bias is not None else None) for p in projections]
+        qkv = joined_linear(image, context, *weights[0], *weights[1])
+    else:
+        qkv = torch.cat([attn.to_qkv(image), attn.to_added_qkv(context)])
     out = packed_attention(qkv.view(qkv.shape[0], batch, 3, attn.heads, -1), backend).flatten(2)
+    if plain:
+        return split_linear(out, n_img, *weights[2], *weights[3])
     return attn.to_out[0](out[:n_img]), attn.to_add_out(out[n_img:])
 
 

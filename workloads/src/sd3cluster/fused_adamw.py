@@ -10,6 +10,10 @@ small tables of pointers, so parameters and gradients stay where they are; the m
 and the optimizer's state holds views of it, so checkpoints hold exactly what torch's AdamW holds (`step`,
 `exp_avg`, `exp_avg_sq` per parameter) and move between the two.
 
+With fp32 masters (train.weights=bf16) the parameters the model computes with are bf16 and so are their gradients:
+the update reads the bf16 gradient and the fp32 master, and writes the master and its bf16 copy into the parameter
+in the same pass, so nothing casts weights to bf16 in the forward or gradients back to fp32 in the backward.
+
 The arithmetic is torch's fused AdamW's: decoupled weight decay, then the moments, then
 `p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)`. The kernels run on CUDA (and on the CPU
 under Triton's interpreter, TRITON_INTERPRET=1, which the tests use).

@@ -63,6 +63,23 @@ def _assert_same(torch_opt, ours, a, b) -> None:
         assert float(ours.state[y]["step"]) == float(torch_opt.state[x]["step"])
 
 
+def _three_steps(reference, ours, a, b, max_norm: float) -> float:
+    """Three steps of both optimizers on the same gradients; in the second, parameter 1 has none. The reference
+    clips with clip_grad_norm_ (where max_norm > 0); the norms must agree. Returns the last norm."""
+    for step in range(3):
+        _set_grads(a, b, step, skip=1 if step == 1 else None)
+        for x, y in zip(a, b, strict=True):
+            if y.grad is not None and y.grad.dtype != x.grad.dtype:
+                x.grad = y.grad.to(x.dtype)  # the reference sees the values the bf16 gradients hold
+        live = [p.grad for p in a if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_([p for p in a if p.grad is not None], max_norm) if max_norm \
+            else torch.nn.utils.get_total_norm(live)
+        reference.step()
+        ours.step(max_norm=max_norm)
+        assert float(ours.grad_norm) == pytest.approx(float(norm), rel=1e-5)
+    return float(norm)
+
+
 @kernels
 @pytest.mark.parametrize("max_norm", [1.0, 0.0], ids=["clipped", "no_clip"])
 def test_steps_equal_torch_adamw_after_clip_grad_norm(max_norm):
@@ -71,15 +88,8 @@ def test_steps_equal_torch_adamw_after_clip_grad_norm(max_norm):
     a, b = _pairs()
     reference = torch.optim.AdamW(_groups(a), weight_decay=0.01, fused=DEVICE.type == "cuda")
     ours = TritonAdamW(_groups(b), weight_decay=0.01)
-    for step in range(3):
-        _set_grads(a, b, step, skip=1 if step == 1 else None)
-        live = [p for p in a if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(live, max_norm) if max_norm else torch.nn.utils.get_total_norm(
-            [p.grad for p in live])
-        reference.step()
-        ours.step(max_norm=max_norm)
-        assert float(ours.grad_norm) == pytest.approx(float(norm), rel=1e-5)
-    assert float(norm) > 10 * max(max_norm, 1.0)  # the clip bit: the norm is far above its limit
+    norm = _three_steps(reference, ours, a, b, max_norm)
+    assert norm > 10 * max(max_norm, 1.0)  # the clip bit: the norm is far above its limit
     _assert_same(reference, ours, a, b)
     assert [float(ours.state[p]["step"]) for p in b] == [3, 2, 3, 3, 3]
 
@@ -200,17 +210,7 @@ def test_bf16_weights_step_their_fp32_masters_as_torch_adamw_steps_fp32_weights(
     assert all(torch.equal(masters[p], x.detach()) for p, x in zip(b, a, strict=True))  # the fp32 values kept
     reference = torch.optim.AdamW(_groups(a), weight_decay=0.01, fused=DEVICE.type == "cuda")
     ours = TritonAdamW(_groups(b), weight_decay=0.01, masters=masters)
-    for step in range(3):
-        _set_grads(a, b, step, skip=1 if step == 1 else None)
-        for x, y in zip(a, b, strict=True):
-            if y.grad is not None:
-                x.grad = y.grad.float()  # the reference sees the values the bf16 gradients hold
-        live = [p for p in a if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(live, max_norm) if max_norm else torch.nn.utils.get_total_norm(
-            [p.grad for p in live])
-        reference.step()
-        ours.step(max_norm=max_norm)
-        assert float(ours.grad_norm) == pytest.approx(float(norm), rel=1e-5)
+    _three_steps(reference, ours, a, b, max_norm)
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(masters[y], x.detach(), rtol=1e-5, atol=1e-6)
         assert torch.equal(y.detach(), bf16_as_kernel_rounds(masters[y]))

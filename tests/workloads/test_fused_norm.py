@@ -224,14 +224,18 @@ def _sd3_block_pair(device):
     return blocks
 
 
+def _sd3_medium_inputs(device):
+    """Image and context streams and the time embedding at SD3-medium's width (1024 image tokens, 154 text)."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    return (torch.randn(2, 1024, 1536, device=device, generator=gen),
+            torch.randn(2, 154, 1536, device=device, generator=gen), torch.randn(2, 1536, device=device, generator=gen))
+
+
 @needs_cuda
 def test_fused_block_equals_diffusers_on_the_gpu_at_sd3_medium_width():
     device = torch.device("cuda")
     plain, fused = _sd3_block_pair(device)
-    gen = torch.Generator(device=device).manual_seed(1)
-    hidden = torch.randn(2, 1024, 1536, device=device, generator=gen)
-    context = torch.randn(2, 154, 1536, device=device, generator=gen)
-    temb = torch.randn(2, 1536, device=device, generator=gen)
+    hidden, context, temb = _sd3_medium_inputs(device)
     results = {}
     for name, block in (("plain", plain), ("fused", fused)):
         h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()
@@ -262,10 +266,7 @@ def test_sequence_first_blocks_equal_diffusers_on_the_gpu_with_fa4_and_compile_i
     for block in fused:
         fuse_qkv(block, attention_backend="fa4", sequence_first=True)
         fuse_norms(block)
-    gen = torch.Generator(device=device).manual_seed(1)
-    hidden = torch.randn(2, 1024, 1536, device=device, generator=gen)
-    context = torch.randn(2, 154, 1536, device=device, generator=gen)
-    temb = torch.randn(2, 1536, device=device, generator=gen)
+    hidden, context, temb = _sd3_medium_inputs(device)
     results = {}
     for name, blocks in (("plain", plain), ("fused", fused)):
         h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()

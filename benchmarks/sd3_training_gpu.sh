@@ -78,13 +78,14 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
          bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch
          bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
   # bf16 weights with fp32 masters (train.weights) and the sequence-first blocks (model.layout): their tests on the
-  # GPU, the step with both, with each turned off, and the split of the step with both
+  # GPU, the step as it is (fp32 weights, batch layout), with each of the two, with both, and the split with both
   layout) python3 -m pytest -q tests/workloads/test_fused_adamw.py tests/workloads/test_bf16_weights.py \
             tests/workloads/test_attention.py tests/workloads/test_fused_norm.py 2>&1 | tail -4
           bench opt-1024 sd3-medium:1024:8:optimized
-          bench opt-w32-1024 sd3-medium:1024:8:optimized:w=fp32
-          bench opt-batch-1024 sd3-medium:1024:8:optimized:layout=batch
-          bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
+          bench opt-w16-1024 sd3-medium:1024:8:optimized:w=auto
+          bench opt-seq-1024 sd3-medium:1024:8:optimized:layout=auto
+          bench opt-both-1024 sd3-medium:1024:8:optimized:w=auto,layout=auto
+          bench split-both-1024 sd3-medium:1024:8:optimized:w=auto,layout=auto --profile-steps 3 ;;
   # the comparison of the performance targets, each case its own process: 1024^2 in one call, 512^2 in the next
   # (quack tunes its GEMMs for 512^2 for about 3 minutes on a machine whose cache lacks that shape)
   final1024) bench ref-1024 sd3-medium:1024:8:reference

@@ -106,7 +106,7 @@ def test_an_fp32_checkpoint_resumes_with_bf16_weights(tmp_path: Path, monkeypatc
 def test_train_weights_is_a_checked_config_key_and_bf16_stops_where_it_cannot_run(tmp_path: Path):
     with pytest.raises(UserError, match=r"train\.weights"):
         load_config(None, ["train.weights=fp16"])
-    trainer = train_module.Trainer(_config(tmp_path), local_runtime(CPU))  # auto on the CPU: fp32
+    trainer = train_module.Trainer(_config(tmp_path, "train.weights=auto"), local_runtime(CPU))  # the CPU: fp32
     assert trainer.masters is None and trainer.weights == "fp32"
     assert "weights: fp32 (auto: bf16 weights need bf16 compute" in trainer.kernel_note
     trainer.close()

@@ -36,7 +36,7 @@ def _trainer(tmp_path: Path, weights: str, monkeypatch, *extra: str):
     if weights == "bf16":
         monkeypatch.setattr(train_module, "resolve_adamw_kernel", lambda *a, **k: ("triton", "triton (forced)"))
         monkeypatch.setattr(train_module, "resolve_weights", lambda *a, **k: ("bf16", "bf16 (forced)"))
-    else:
+    else:  # an fp32 run after a forced one in the same test: the real choices again
         monkeypatch.undo()
     trainer = train_module.Trainer(_config(tmp_path, *extra), local_runtime(CPU))
     trainer.bf16 = weights == "bf16"  # the CPU's autocast, which the CPU never turns on by itself

@@ -41,7 +41,7 @@ def _(x1, x2, w1, b1, w2, b2):
     return x1.new_empty((x1.shape[0] + x2.shape[0], *x1.shape[1:-1], w1.shape[0]))
 
 
-def _linear_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bool):
+def _linear_grads(dy: torch.Tensor, x: torch.Tensor, has_bias: bool):
     """(dw, db) of F.linear(x, w, b) for output gradient dy."""
     dw = _flat(dy).t().mm(_flat(x))
     return dw, _flat(dy).sum(0) if has_bias else None
@@ -56,8 +56,8 @@ def _joined_setup(ctx, inputs, output) -> None:
 def _joined_backward(ctx, dy: torch.Tensor):
     x1, x2, w1, w2 = ctx.saved_tensors
     dy1, dy2 = dy[:ctx.rows], dy[ctx.rows:]  # contiguous row blocks
-    dw1, db1 = _linear_grads(dy1, x1, w1, ctx.bias[0])
-    dw2, db2 = _linear_grads(dy2, x2, w2, ctx.bias[1])
+    dw1, db1 = _linear_grads(dy1, x1, ctx.bias[0])
+    dw2, db2 = _linear_grads(dy2, x2, ctx.bias[1])
     return F.linear(dy1, w1.t()), F.linear(dy2, w2.t()), dw1, db1, dw2, db2
 
 
@@ -86,8 +86,8 @@ def _split_setup(ctx, inputs, output) -> None:
 def _split_backward(ctx, dy1: torch.Tensor, dy2: torch.Tensor):
     x, w1, w2 = ctx.saved_tensors
     dy1, dy2 = dy1.contiguous(), dy2.contiguous()
-    dw1, db1 = _linear_grads(dy1, x[:ctx.rows], w1, ctx.bias[0])
-    dw2, db2 = _linear_grads(dy2, x[ctx.rows:], w2, ctx.bias[1])
+    dw1, db1 = _linear_grads(dy1, x[:ctx.rows], ctx.bias[0])
+    dw2, db2 = _linear_grads(dy2, x[ctx.rows:], ctx.bias[1])
     # the input's gradient, both row blocks written in place: dx = dy @ w is F.linear(dy, w.t())
     return joined_linear(dy1, dy2, w1.t(), None, w2.t(), None), None, dw1, db1, dw2, db2
 

@@ -169,23 +169,42 @@ def _run_blocks(blocks, hidden, context, temb):
     return hidden, context
 
 
+def _chained(blocks) -> torch.nn.Module:
+    """The blocks as a model's block list, fused and chained as fuse_norms does to a transformer's."""
+    holder = torch.nn.Module()
+    holder.transformer_blocks = torch.nn.ModuleList(blocks)
+    fuse_norms(holder)
+    return holder
+
+
 @interpreter
-def test_sequence_first_blocks_equal_diffusers_in_output_and_every_gradient():
-    """With fused q/k/v on the FA4 backend the fused blocks run their streams as (tokens, batch, channels) and hand
-    the next block a transposed view; the last block (diffusers' forward) takes that view as it is. fp32 inputs
-    route the packed attention to sdpa, so this runs on the CPU; the GPU test below runs FA4 itself."""
+@pytest.mark.parametrize("chained", [False, True], ids=["one_by_one", "chained"])
+def test_sequence_first_blocks_equal_diffusers_in_output_and_every_gradient(chained):
+    """With fused q/k/v on the FA4 backend the fused blocks run their streams as (tokens, batch, channels). Fused
+    one by one, each takes (batch, tokens, channels) and hands a transposed view; chained (a block list's, as in a
+    model), the streams stay (tokens, batch, channels) between them and only the last fused block hands a view,
+    which the last block (diffusers' forward) takes as it is. fp32 inputs route the packed attention to sdpa, so
+    this runs on the CPU; the GPU test below runs FA4 itself."""
     from sd3cluster.models import fuse_qkv, sequence_first_backend
 
-    plain, fused = _joint_blocks(32, 2, 3), _joint_blocks(32, 2, 3)
+    plain, fused = _joint_blocks(32, 2, 4), _joint_blocks(32, 2, 4)
     for block in fused:
         fuse_qkv(block, attention_backend="fa4", sequence_first=True)
-    assert sum(fuse_norms(block) for block in fused) == 2
+    if chained:
+        _chained(fused)
+        assert [block.sequence_first_chain for block in fused[:3]] == [(False, True), (True, True), (True, False)]
+    else:
+        assert sum(fuse_norms(block) for block in fused) == 3
+        assert {block.sequence_first_chain for block in fused[:3]} == {(False, False)}
     assert sequence_first_backend(fused[0].attn) == "fa4" and sequence_first_backend(plain[0].attn) is None
     gen = torch.Generator().manual_seed(7)
     hidden, context = torch.randn(2, 19, 32, generator=gen), torch.randn(2, 5, 32, generator=gen)
     temb = torch.randn(2, 32, generator=gen)
     out_c, out_h = fused[0](hidden, context, temb)
-    assert out_h.shape == (2, 19, 32) and out_h.stride() == (32, 2 * 32, 1)  # a view of (tokens, batch, channels)
+    if chained:  # (tokens, batch, channels), contiguous: the next block's backward gets a contiguous gradient
+        assert out_h.shape == (19, 2, 32) and out_h.is_contiguous() and out_c.shape == (5, 2, 32)
+    else:  # a view of (tokens, batch, channels)
+        assert out_h.shape == (2, 19, 32) and out_h.stride() == (32, 2 * 32, 1)
     results = {}
     for name, blocks in (("plain", plain), ("fused", fused)):
         h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()
@@ -210,6 +229,41 @@ def test_sequence_first_blocks_equal_diffusers_in_output_and_every_gradient():
         else:
             grad_p = grads_p[name]
         torch.testing.assert_close(grad, grad_p, rtol=1e-3, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@interpreter
+def test_chained_transformer_equals_diffusers_and_refuses_what_breaks_the_chain():
+    """A whole SD3 transformer, its joint blocks chained sequence-first, against diffusers' (output and the input's
+    gradient); arguments that would hand a block a stream of the other layout stop with the fix."""
+    from diffusers import SD3Transformer2DModel
+    from sd3cluster.models import fuse_qkv, preset_config
+
+    config = {**preset_config("tiny"), "num_layers": 4}
+    torch.manual_seed(0)
+    plain = SD3Transformer2DModel(**config)
+    fused = SD3Transformer2DModel(**config)
+    fused.load_state_dict(plain.state_dict())
+    fuse_qkv(fused, attention_backend="fa4", sequence_first=True)
+    assert fuse_norms(fused) == 3
+    assert fused.transformer_blocks[1].sequence_first_chain == (True, True)
+    gen = torch.Generator().manual_seed(5)
+    inputs = dict(hidden_states=torch.randn(2, 16, 8, 8, generator=gen),
+                  encoder_hidden_states=torch.randn(2, 7, 32, generator=gen),
+                  pooled_projections=torch.randn(2, 16, generator=gen), timestep=torch.tensor([10.0, 900.0]))
+    outputs = {}
+    for name, model in (("plain", plain), ("fused", fused)):
+        latents = inputs["hidden_states"].clone().requires_grad_()
+        out = model(**{**inputs, "hidden_states": latents}, return_dict=False)[0]
+        out.square().mean().backward()
+        outputs[name] = (out, latents.grad)
+    for got, expected in zip(outputs["fused"], outputs["plain"], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-5)
+    with pytest.raises(UserError, match=r"skip_layers cannot be given .*set model\.layout=batch"):
+        fused(**inputs, skip_layers=[1])
+    with pytest.raises(UserError, match=r"block_controlnet_hidden_states cannot be given"):
+        fused(inputs["hidden_states"], inputs["encoder_hidden_states"], inputs["pooled_projections"],
+              inputs["timestep"], [torch.zeros(2, 16, 16)])
+    plain(**inputs, skip_layers=[1])  # diffusers' own model takes them
 
 
 def _sd3_block_pair(device):
@@ -265,7 +319,7 @@ def test_sequence_first_blocks_equal_diffusers_on_the_gpu_with_fa4_and_compile_i
     plain, fused = _joint_blocks(1536, 24, 3, device), _joint_blocks(1536, 24, 3, device)
     for block in fused:
         fuse_qkv(block, attention_backend="fa4", sequence_first=True)
-        fuse_norms(block)
+    _chained(fused)
     hidden, context, temb = _sd3_medium_inputs(device)
     results = {}
     for name, blocks in (("plain", plain), ("fused", fused)):
@@ -278,8 +332,9 @@ def test_sequence_first_blocks_equal_diffusers_on_the_gpu_with_fa4_and_compile_i
         assert ((got - expected).norm() / expected.norm()).item() < 2e-2, label
     torch._dynamo.reset()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        explained = torch._dynamo.explain(fused[1])(hidden.transpose(0, 1).contiguous().transpose(0, 1), context
-                                                   .transpose(0, 1).contiguous().transpose(0, 1), temb)
+        # the chain's second block: it takes (tokens, batch, channels) and hands the last a transposed view
+        explained = torch._dynamo.explain(fused[1])(hidden.transpose(0, 1).contiguous(),
+                                                   context.transpose(0, 1).contiguous(), temb)
     assert explained.graph_break_count == 0, explained.break_reasons
 
 

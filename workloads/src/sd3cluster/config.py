@@ -44,11 +44,10 @@ class ModelConfig(_Section):
         "joint blocks: torch (diffusers' modules, compiled with the block) or triton (one fused kernel each way, "
         "sd3cluster.fused_norm); auto: triton on CUDA when it imports, else torch. Printed at start")
     layout: Literal["auto", "batch", "sequence"] = Field(
-        "batch", description="memory layout of the joint blocks' streams: sequence ((tokens, batch, channels): both "
+        "auto", description="memory layout of the joint blocks' streams: sequence ((tokens, batch, channels): both "
         "streams' q/k/v are row blocks of one packed tensor, which FA4 reads and writes in place, so no q/k/v is "
         "copied or stacked) or batch (diffusers' (batch, tokens, channels)); auto: sequence where it applies "
-        "(fused q/k/v without q/k norms, model.attention resolved to fa4, model.norm to triton). Default batch until "
-        "sequence is measured on a GPU (benchmarks/sd3_training.md, run 14). Printed at start")
+        "(fused q/k/v without q/k norms, model.attention resolved to fa4, model.norm to triton). Printed at start")
     activation_checkpointing: bool = False
 
 
@@ -108,11 +107,10 @@ class TrainConfig(_Section):
                                  "runs on 3+ ranks, at the cost of bandwidth; verify turns it on for CPU")
     precision: Literal["bf16", "fp32"] = "bf16"
     weights: Literal["auto", "fp32", "bf16"] = Field(
-        "fp32", description="dtype of the trained weights and their gradients with bf16 compute: bf16 (fp32 masters "
+        "auto", description="dtype of the trained weights and their gradients with bf16 compute: bf16 (fp32 masters "
         "in the Triton AdamW, which writes the bf16 copy as it updates; DDP sums the gradients in fp32) or fp32 "
         "(autocast casts every weight at every use and its gradient back); auto takes bf16 with optim.kernel=triton, "
-        "full training and train.grad_accum=1. Checkpoints hold the fp32 masters, as an fp32 run's. Default fp32 "
-        "until bf16 is measured on a GPU (benchmarks/sd3_training.md, run 14)")
+        "full training and train.grad_accum=1. Checkpoints hold the fp32 masters, as an fp32 run's")
     ema_decay: float = Field(0.0, ge=0, lt=1, description="0 turns EMA off")
     seed: int = 0
     log_every: int = Field(1, ge=1)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import UserError
 from .kernel_choice import choose_kernel, triton_import_problem
 from .models import joint_attention_sequence_first, sequence_first_backend
 
@@ -339,20 +340,67 @@ def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, mods: tuple[torch.
     return h + gate_mlp.unsqueeze(0 if seq_first else 1) * ff(y)
 
 
-def _sequence_first(x: torch.Tensor) -> torch.Tensor:
-    """(tokens, batch, channels) of a (batch, tokens, channels) stream: free when a fused block before this one
-    returned it (a transposed view of its sequence-first result), one copy at the first block."""
-    return x.transpose(0, 1).contiguous()
+def _to_layout(x: torch.Tensor, seq_first_in: bool, seq_first: bool) -> torch.Tensor:
+    """A stream as it comes (sequence-first or not) in the layout a block runs in (a copy into (tokens, batch,
+    channels); a view into (batch, tokens, channels), which diffusers' modules take as it is)."""
+    if seq_first_in == seq_first:
+        return x
+    return x.transpose(0, 1).contiguous() if seq_first else x.transpose(0, 1)
+
+
+def _from_layout(x: torch.Tensor, seq_first: bool, seq_first_out: bool) -> torch.Tensor:
+    """A block's result in the layout the next block takes: (tokens, batch, channels) contiguous between two
+    sequence-first blocks, else (batch, tokens, channels) (a transposed view of a sequence-first result)."""
+    if seq_first == seq_first_out:
+        return x
+    return x.transpose(0, 1).contiguous() if seq_first_out else x.transpose(0, 1)
+
+
+def chain_sequence_first(blocks: nn.ModuleList) -> int:
+    """Between two consecutive sequence-first blocks the streams stay (tokens, batch, channels) contiguous tensors,
+    so nothing is transposed at a block's edge: a compiled block's backward takes its output gradients contiguous
+    (AOTAutograd makes an incoming gradient contiguous), and a transposed view handed across would cost two copies
+    of each stream a block (about 10 ms a step for SD3-medium at 1024^2, run 14). Only the first block of a chain
+    takes (batch, tokens, channels) and only the last returns it. Returns how many links were made."""
+    chain = [hasattr(b, "sequence_first_chain") and sequence_first_backend(b.attn) is not None for b in blocks]
+    links = 0
+    for i, block in enumerate(blocks):
+        if chain[i]:
+            takes = i > 0 and chain[i - 1]
+            hands = i + 1 < len(blocks) and chain[i + 1]
+            block.sequence_first_chain = (takes, hands)
+            links += hands
+    return links
+
+
+_CHAIN_BREAKERS = ("block_controlnet_hidden_states", "skip_layers")
+
+
+def _refuse_chain_breakers(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A forward pre-hook of a model whose blocks are chained sequence-first: skipped blocks (SD3.5's skip-layer
+    guidance) and ControlNet residuals (added between blocks) would meet a stream in the other layout."""
+    import inspect
+
+    given = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+    breakers = [name for name in _CHAIN_BREAKERS if given.get(name) is not None]
+    if breakers:
+        raise UserError(f"{', '.join(breakers)} cannot be given to a model whose joint blocks run sequence-first "
+                        "(model.layout=sequence keeps the streams (tokens, batch, channels) between blocks); set "
+                        "model.layout=batch")
 
 
 def fuse_norms(model: nn.Module) -> int:
     """Run the adaLN norms of every joint block that has the plain layout (both streams modulated six ways, no
     second attention, no chunked feed-forward) through the fused kernels on CUDA; others, and any call off CUDA
     (unless TRITON_INTERPRET=1, under which the tests run the kernels on the CPU), keep diffusers' forward.
-    Parameters and their names are unchanged. Returns how many blocks were fused."""
+    Parameters and their names are unchanged. Consecutive sequence-first blocks of a block list (fuse_qkv's
+    sequence_first, applied before) are chained (chain_sequence_first), and the list's owner refuses the forward
+    arguments that would break the chain. Returns how many blocks were fused."""
     from diffusers.models.attention import JointTransformerBlock
 
     class FusedNormJointBlock(JointTransformerBlock):
+        sequence_first_chain = (False, False)  # (takes, hands) (tokens, batch, channels): chain_sequence_first
+
         def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor,
                     joint_attention_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
             if not (hidden_states.is_cuda or _interpreting()):
@@ -360,12 +408,12 @@ def fuse_norms(model: nn.Module) -> int:
             img = _modulation(self.norm1, temb)
             txt = _modulation(self.norm1_context, temb)
             backend = sequence_first_backend(self.attn)
+            # Sequence-first, the streams run as (tokens, batch, channels) and the q/k/v of both share one packed
+            # tensor; chained to its neighbours (chain_sequence_first) a block takes and hands that layout as is.
             seq_first = backend is not None and not joint_attention_kwargs
-            if seq_first:
-                # The streams run as (tokens, batch, channels) and leave as transposed views of that, so the next
-                # fused block takes them without a copy and the q/k/v of both streams share one packed tensor.
-                hidden_states, encoder_hidden_states = (_sequence_first(hidden_states),
-                                                        _sequence_first(encoder_hidden_states))
+            seq_first_in, seq_first_out = self.sequence_first_chain
+            hidden_states = _to_layout(hidden_states, seq_first_in, seq_first)
+            encoder_hidden_states = _to_layout(encoder_hidden_states, seq_first_in, seq_first)
             normed_img = _stream(hidden_states, img, self.norm1.norm.eps, seq_first)
             normed_txt = _stream(encoder_hidden_states, txt, self.norm1_context.norm.eps, seq_first)
             if seq_first:
@@ -376,9 +424,8 @@ def fuse_norms(model: nn.Module) -> int:
             hidden_states = _after_attention(hidden_states, attn_img, img, self.norm2, self.ff, seq_first)
             encoder_hidden_states = _after_attention(encoder_hidden_states, attn_txt, txt, self.norm2_context,
                                                      self.ff_context, seq_first)
-            if seq_first:
-                return encoder_hidden_states.transpose(0, 1), hidden_states.transpose(0, 1)
-            return encoder_hidden_states, hidden_states
+            return (_from_layout(encoder_hidden_states, seq_first, seq_first_out),
+                    _from_layout(hidden_states, seq_first, seq_first_out))
 
     fused = 0
     for module in model.modules():
@@ -391,4 +438,9 @@ def fuse_norms(model: nn.Module) -> int:
             continue
         module.__class__ = FusedNormJointBlock
         fused += 1
+    for parent in list(model.modules()):
+        lists = [child for child in parent.children() if isinstance(child, nn.ModuleList)]
+        if sum(chain_sequence_first(blocks) for blocks in lists) and not getattr(parent, "_sd3_chain_guard", False):
+            parent.register_forward_pre_hook(_refuse_chain_breakers, with_kwargs=True)
+            parent._sd3_chain_guard = True
     return fused

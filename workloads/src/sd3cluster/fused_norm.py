@@ -358,10 +358,10 @@ def _from_layout(x: torch.Tensor, seq_first: bool, seq_first_out: bool) -> torch
 
 def chain_sequence_first(blocks: nn.ModuleList) -> int:
     """Between two consecutive sequence-first blocks the streams stay (tokens, batch, channels) contiguous tensors,
-    so nothing is transposed at a block's edge: a compiled block's backward takes its output gradients contiguous
-    (AOTAutograd makes an incoming gradient contiguous), and a transposed view handed across would cost two copies
-    of each stream a block (about 10 ms a step for SD3-medium at 1024^2, run 14). Only the first block of a chain
-    takes (batch, tokens, channels) and only the last returns it. Returns how many links were made."""
+    so nothing is transposed at a block's edge. A transposed view handed across comes back in the backward as a
+    gradient of the other layout, copied at the block's edge and again in the norm's backward (about 7 ms a step
+    for SD3-medium at 1024^2 on an H100, benchmarks/sd3_training.md run 14). Only the first block of a chain takes
+    (batch, tokens, channels) and only the last returns it. Returns how many links were made."""
     chain = [hasattr(b, "sequence_first_chain") and sequence_first_backend(b.attn) is not None for b in blocks]
     links = 0
     for i, block in enumerate(blocks):

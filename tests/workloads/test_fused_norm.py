@@ -73,6 +73,27 @@ def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated, seq_
 
 
 @interpreter
+def test_kernels_read_the_modulation_chunks_in_place():
+    """Shift, scale and gate as chunks of one (batch, 3 x channels) tensor, as a joint block's modulation hands them
+    (read with their row stride, not copied), and one of them copied (strides differ: all copied): the same results
+    and gradients as contiguous ones."""
+    x, branch, *_ = _inputs(True)
+    gen = torch.Generator().manual_seed(6)
+    joined = torch.randn(2, 3 * 48, generator=gen, dtype=x.dtype).requires_grad_()
+    assert fused_norm._per_sample(*joined.chunk(3, dim=1))[1] == 3 * 48
+    results = []
+    for arrange in (lambda t: t.chunk(3, dim=1), lambda t: [c.contiguous() for c in t.chunk(3, dim=1)],
+                    lambda t: [*t.chunk(3, dim=1)[:2], t.chunk(3, dim=1)[2].contiguous()]):
+        gate, shift, scale = arrange(joined)
+        h, y = fused_norm.gated_adaln(x, branch, gate, shift, scale, 1e-6)
+        y2 = fused_norm.adaln(h, shift, scale, 1e-6)
+        results.append((h, y2, *torch.autograd.grad((y * y2).sum() + h.sum(), (x, branch, joined))))
+    for other in results[1:]:
+        for got, expected in zip(results[0], other, strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@interpreter
 def test_kernels_catch_a_wrong_statistic():
     """The epsilon reaches the kernel: one off by 1e-2 moves the output past the forward comparison's tolerance
     (1e-5) by far, so that comparison would see a kernel that ignored or misread it."""

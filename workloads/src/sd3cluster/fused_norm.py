@@ -147,6 +147,15 @@ def _check(x: torch.Tensor, shift: torch.Tensor, seq_first: bool) -> None:
                          f"{tuple(x.shape)} and {tuple(shift.shape)}")
 
 
+def _per_sample(*mods: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], int]:
+    """The per-sample shift/scale/gate rows as the kernels read them, and their row stride: as given where they
+    share one row stride and their channels are adjacent (the chunks of the modulation's output, as the joint blocks
+    pass them: 18 small copies a block a step saved), else contiguous copies."""
+    if all(m.stride(1) == 1 for m in mods) and len({m.stride(0) for m in mods}) == 1:
+        return mods, mods[0].stride(0)
+    return tuple(m.contiguous() for m in mods), mods[0].shape[1]
+
+
 def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | None, shift: torch.Tensor,
              scale: torch.Tensor, eps: float, out_dtype: torch.dtype, seq_first: bool = False):
     _check(x, shift, seq_first)
@@ -157,10 +166,10 @@ def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | 
     y = torch.empty(x.shape, device=x.device, dtype=out_dtype)
     mean = torch.empty((batch * tokens,), device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    mods = [t.contiguous() for t in (gate if gated else shift, shift, scale)]
+    (gate, shift, scale), mod_stride = _per_sample(gate if gated else shift, shift, scale)
     forward_kernel, _ = _kernels()
-    forward_kernel[(batch * tokens,)](x, branch.contiguous() if gated else x, mods[0], mods[1], mods[2], h, y, mean,
-                                      rstd, tokens, batch, channels, channels, eps, GATED=gated,
+    forward_kernel[(batch * tokens,)](x, branch.contiguous() if gated else x, gate, shift, scale, h, y, mean,
+                                      rstd, tokens, batch, channels, mod_stride, eps, GATED=gated,
                                       SEQ_FIRST=seq_first, **_launch_options(channels))
     return h, y, mean, rstd
 
@@ -177,10 +186,11 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
     dx = torch.empty_like(x)
     dbranch = torch.empty_like(branch) if gated else dx
     partial = torch.empty((3, batch, parts, channels), device=x.device, dtype=torch.float32)
+    (gate, scale), mod_stride = _per_sample(gate if gated else scale, scale)
     _, backward_kernel = _kernels()
-    backward_kernel[(batch, parts)](x, branch if gated else x, gate.contiguous() if gated else scale,
-                                    scale.contiguous(), dy, dh.contiguous() if dh is not None else dy, mean, rstd,
-                                    dx, dbranch, partial, tokens, channels, channels, parts, batch, GATED=gated,
+    backward_kernel[(batch, parts)](x, branch if gated else x, gate, scale, dy,
+                                    dh.contiguous() if dh is not None else dy, mean, rstd,
+                                    dx, dbranch, partial, tokens, channels, mod_stride, parts, batch, GATED=gated,
                                     HAS_DH=dh is not None, SEQ_FIRST=seq_first, ROWS=rows,
                                     **_launch_options(channels))
     # the per-sample sums of shift, scale (and gate) gradients in one launch: (2 or 3, batch, channels)
@@ -340,20 +350,13 @@ def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, mods: tuple[torch.
     return h + gate_mlp.unsqueeze(0 if seq_first else 1) * ff(y)
 
 
-def _to_layout(x: torch.Tensor, seq_first_in: bool, seq_first: bool) -> torch.Tensor:
-    """A stream as it comes (sequence-first or not) in the layout a block runs in (a copy into (tokens, batch,
-    channels); a view into (batch, tokens, channels), which diffusers' modules take as it is)."""
-    if seq_first_in == seq_first:
+def _relayout(x: torch.Tensor, seq_first_from: bool, seq_first_to: bool) -> torch.Tensor:
+    """A stream from one layout into the other: into (tokens, batch, channels) a contiguous copy (a block's input,
+    or its result for a chained next block); into (batch, tokens, channels) a transposed view, which diffusers'
+    modules and the batch-first kernels take as it is."""
+    if seq_first_from == seq_first_to:
         return x
-    return x.transpose(0, 1).contiguous() if seq_first else x.transpose(0, 1)
-
-
-def _from_layout(x: torch.Tensor, seq_first: bool, seq_first_out: bool) -> torch.Tensor:
-    """A block's result in the layout the next block takes: (tokens, batch, channels) contiguous between two
-    sequence-first blocks, else (batch, tokens, channels) (a transposed view of a sequence-first result)."""
-    if seq_first == seq_first_out:
-        return x
-    return x.transpose(0, 1).contiguous() if seq_first_out else x.transpose(0, 1)
+    return x.transpose(0, 1).contiguous() if seq_first_to else x.transpose(0, 1)
 
 
 def chain_sequence_first(blocks: nn.ModuleList) -> int:
@@ -412,8 +415,8 @@ def fuse_norms(model: nn.Module) -> int:
             # tensor; chained to its neighbours (chain_sequence_first) a block takes and hands that layout as is.
             seq_first = backend is not None and not joint_attention_kwargs
             seq_first_in, seq_first_out = self.sequence_first_chain
-            hidden_states = _to_layout(hidden_states, seq_first_in, seq_first)
-            encoder_hidden_states = _to_layout(encoder_hidden_states, seq_first_in, seq_first)
+            hidden_states = _relayout(hidden_states, seq_first_in, seq_first)
+            encoder_hidden_states = _relayout(encoder_hidden_states, seq_first_in, seq_first)
             normed_img = _stream(hidden_states, img, self.norm1.norm.eps, seq_first)
             normed_txt = _stream(encoder_hidden_states, txt, self.norm1_context.norm.eps, seq_first)
             if seq_first:
@@ -424,8 +427,8 @@ def fuse_norms(model: nn.Module) -> int:
             hidden_states = _after_attention(hidden_states, attn_img, img, self.norm2, self.ff, seq_first)
             encoder_hidden_states = _after_attention(encoder_hidden_states, attn_txt, txt, self.norm2_context,
                                                      self.ff_context, seq_first)
-            return (_from_layout(encoder_hidden_states, seq_first, seq_first_out),
-                    _from_layout(hidden_states, seq_first, seq_first_out))
+            return (_relayout(encoder_hidden_states, seq_first, seq_first_out),
+                    _relayout(hidden_states, seq_first, seq_first_out))
 
     fused = 0
     for module in model.modules():

@@ -103,6 +103,14 @@ def test_kernels_catch_a_wrong_statistic():
     assert (fused_norm.adaln(x, shift, scale, 1e-2) - y).abs().max() > 1e-3
 
 
+def _tiny_inputs() -> dict:
+    """A forward's inputs for the tiny preset's transformer (8x8 latents, 7 text tokens), seeded."""
+    gen = torch.Generator().manual_seed(5)
+    return dict(hidden_states=torch.randn(2, 16, 8, 8, generator=gen),
+                encoder_hidden_states=torch.randn(2, 7, 32, generator=gen),
+                pooled_projections=torch.randn(2, 16, generator=gen), timestep=torch.tensor([10.0, 900.0]))
+
+
 @interpreter
 def test_fused_block_equals_diffusers_in_output_and_every_gradient():
     plain, fused = build_transformer("tiny"), build_transformer("tiny")
@@ -110,10 +118,7 @@ def test_fused_block_equals_diffusers_in_output_and_every_gradient():
     # tiny: two joint blocks; the last has no modulated context stream (context_pre_only) and keeps diffusers'
     assert fuse_norms(fused) == 1
     assert list(fused.state_dict()) == names
-    gen = torch.Generator().manual_seed(5)
-    inputs = dict(hidden_states=torch.randn(2, 16, 8, 8, generator=gen),
-                  encoder_hidden_states=torch.randn(2, 7, 32, generator=gen),
-                  pooled_projections=torch.randn(2, 16, generator=gen), timestep=torch.tensor([10.0, 900.0]))
+    inputs = _tiny_inputs()
     outputs = {}
     for name, model in (("plain", plain), ("fused", fused)):
         out = model(**inputs, return_dict=False)[0]
@@ -267,10 +272,7 @@ def test_chained_transformer_equals_diffusers_and_refuses_what_breaks_the_chain(
     fuse_qkv(fused, attention_backend="fa4", sequence_first=True)
     assert fuse_norms(fused) == 3
     assert fused.transformer_blocks[1].sequence_first_chain == (True, True)
-    gen = torch.Generator().manual_seed(5)
-    inputs = dict(hidden_states=torch.randn(2, 16, 8, 8, generator=gen),
-                  encoder_hidden_states=torch.randn(2, 7, 32, generator=gen),
-                  pooled_projections=torch.randn(2, 16, generator=gen), timestep=torch.tensor([10.0, 900.0]))
+    inputs = _tiny_inputs()
     outputs = {}
     for name, model in (("plain", plain), ("fused", fused)):
         latents = inputs["hidden_states"].clone().requires_grad_()

@@ -289,6 +289,42 @@ def test_chained_transformer_equals_diffusers_and_refuses_what_breaks_the_chain(
     plain(**inputs, skip_layers=[1])  # diffusers' own model takes them
 
 
+@interpreter
+def test_chained_blocks_keep_lora_adapters_in_the_sequence_first_layout():
+    """With LoRA's linears (not plain nn.Linear) the sequence-first attention calls the projections' own forward:
+    the chained model with adapters (made non-zero) equals the batch layout's in output and every adapter's
+    gradient, so no adapter is bypassed by the in-place GEMMs."""
+    from diffusers import SD3Transformer2DModel
+    from sd3cluster.lora import apply_lora
+    from sd3cluster.models import fuse_qkv, preset_config
+
+    config = {**preset_config("tiny"), "num_layers": 4}
+    results = []
+    for sequence_first in (True, False):
+        torch.manual_seed(0)
+        model = SD3Transformer2DModel(**config)
+        fuse_qkv(model, attention_backend="fa4", sequence_first=sequence_first)
+        fuse_norms(model)
+        names = apply_lora(model, Config().lora, fused=True, seed=0)
+        with torch.no_grad():  # B starts at zero; seeded values make every adapter change the output
+            gen = torch.Generator().manual_seed(9)
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+        assert model.transformer_blocks[1].sequence_first_chain == ((True, True) if sequence_first else (False, False))
+        out = model(**_tiny_inputs(), return_dict=False)[0]
+        params = dict(model.named_parameters())
+        grads = torch.autograd.grad(out.square().mean(), [params[n] for n in names])
+        results.append((out, dict(zip(names, grads, strict=True))))
+    (out_seq, grads_seq), (out_batch, grads_batch) = results
+    assert any("to_qkv" in n for n in grads_seq) and any("to_add_out" in n for n in grads_seq)
+    torch.testing.assert_close(out_seq, out_batch, rtol=1e-4, atol=1e-5)
+    assert grads_seq.keys() == grads_batch.keys()
+    for name, grad in grads_batch.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(grads_seq[name], grad, rtol=1e-3, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def _sd3_block_pair(device):
     """Two SD3-medium joint blocks with the same weights (fp32, autocast as in training), one of them fused."""
     from diffusers.models.attention import JointTransformerBlock

@@ -80,6 +80,8 @@ def main() -> int:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of H100/H200 SXM")
     parser.add_argument("--sdpa", action="store_true")
     parser.add_argument("--profile-steps", type=int, default=0, help="trace this many warm steps of each case")
+    parser.add_argument("--copy-ops", action="store_true",
+                        help="trace one more warm step with the CPU ops and list its copy ops by input shape")
     parser.add_argument("--out", type=Path, default=None, help="JSON file of the results")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -99,7 +101,7 @@ def main() -> int:
                                       "train.device=cuda"])
         t0 = time.perf_counter()
         try:
-            r = run_variant(variant, base, device, profile_steps=args.profile_steps)
+            r = run_variant(variant, base, device, profile_steps=args.profile_steps, trace_copies=args.copy_ops)
         except torch.OutOfMemoryError:
             print(f"[{case}] out of memory", flush=True)
             torch.cuda.empty_cache()
@@ -115,6 +117,9 @@ def main() -> int:
         if "kernel_ms_per_step" in r.extra:
             print(f"[{case}] GPU ms per step by kernel family: {r.extra['kernel_ms_per_step']}", flush=True)
             print(r.extra["top_kernels"], flush=True)
+        for row in r.extra.get("copy_ops", [])[:12]:
+            print(f"[{case}] copy op {row['op']} x{row['calls']}: {row['device_ms']:.2f} ms (GPU, its kernels), "
+                  f"shapes {row['shapes'][:120]}", flush=True)
         if args.out:
             args.out.write_text(json.dumps([asdict(x) for x in results], indent=2))
     print(format_table(results))

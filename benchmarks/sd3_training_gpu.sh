@@ -90,10 +90,8 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   # the chained sequence-first blocks (run 15): their GPU tests, the step with and without the sequence-first layout,
   # and the copy ops of one step of each (the stream-sized block-edge copies of run 14 should be gone)
   chain) python3 -m pytest -q tests/workloads/test_fused_norm.py 2>&1 | tail -3
-         bench opt-1024 sd3-medium:1024:8:optimized
-         bench opt-batch-1024 sd3-medium:1024:8:optimized:layout=batch
-         python3 benchmarks/sd3_step_copies.py sd3-medium:1024:8:optimized sd3-medium:1024:8:optimized:layout=batch \
-           2>&1 | grep -E "^\[|^  aten|Error" | cut -c1-220 ;;
+         bench opt-1024 sd3-medium:1024:8:optimized --copy-ops
+         bench opt-batch-1024 sd3-medium:1024:8:optimized:layout=batch --copy-ops ;;
   # the comparison of the performance targets, each case its own process: 1024^2 in one call, 512^2 in the next
   # (quack tunes its GEMMs for 512^2 for about 3 minutes on a machine whose cache lacks that shape)
   final1024) bench ref-1024 sd3-medium:1024:8:reference

@@ -3,7 +3,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from sd3cluster.bench import Variant, kernel_breakdown, run_bench
+from sd3cluster.bench import Variant, copy_ops, kernel_breakdown, run_bench
 from sd3cluster.config import load_config
 
 
@@ -30,6 +30,23 @@ def test_kernel_breakdown_sorts_kernels_into_families_per_step():
     ms = kernel_breakdown(trace, steps=2)
     assert ms == {"attention": 2.0, "gemm": 2.0, "optimizer": 0.2, "triton (fused elementwise/norm)": 0.3,
                   "other": 0.01}
+
+
+def test_copy_ops_lists_the_copies_of_a_trace_by_input_shape():
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(6, 4, 8)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(3):
+            x.transpose(0, 1).contiguous()  # a transposed stream made contiguous: a copy each time
+        x.clone()
+        torch.mm(x[0], x[0].t())
+    rows = {(row["op"], row["shapes"]): row["calls"] for row in copy_ops(prof)}
+    assert rows[("aten::contiguous", "[[4, 6, 8], []]")] == 3
+    assert rows[("aten::clone", "[[6, 4, 8], []]")] == 1
+    assert rows[("aten::clone", "[[4, 6, 8], []]")] == 3
+    assert not any(op == "aten::mm" for op, _ in rows)
 
 
 def test_variant_options_parse_and_reject_unknown_keys():
@@ -62,3 +79,15 @@ def test_bench_runs_the_training_step_of_train(tmp_path, capsys):
     report = json.loads((tmp_path / "bench.json").read_text())
     assert [r["variant"] for r in report] == ["reference", "optimized"]
     assert "| reference | tiny | 64 | 2 |" in capsys.readouterr().out
+
+
+def test_run_variant_traces_the_copy_ops_of_one_more_step():
+    import torch
+    from sd3cluster.bench import run_variant
+
+    cfg = load_config(overrides=["model.preset=tiny", "data.resolution=64", "data.batch_size=2", "bench.steps=1",
+                                 "bench.warmup=1", "train.device=cpu"])
+    result = run_variant(Variant.parse("optimized"), cfg, torch.device("cpu"), trace_copies=True)
+    rows = result.extra["copy_ops"]
+    assert rows and {row["op"] for row in rows} <= {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"}
+    assert all(row["calls"] > 0 for row in rows)

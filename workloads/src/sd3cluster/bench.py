@@ -132,6 +132,20 @@ def kernel_breakdown(prof: Any, steps: int) -> dict[str, float]:
     return {k: round(v, 2) for k, v in totals.items()}
 
 
+COPY_OPS = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy")
+
+
+def copy_ops(prof: Any) -> list[dict[str, Any]]:
+    """The copy ops of a trace recorded with CPU activity and shapes, by input shape, largest device time first:
+    a same-dtype copy outside Inductor's kernels (`.contiguous()`, `clone`, `copy_` of a custom op's input or of a
+    gradient between compiled blocks) is an anonymous `elementwise_kernel` in the kernel list; its shape tells a
+    stream-sized copy from a small per-sample one (how run 14 found the block-edge copies)."""
+    rows = [{"op": e.key, "calls": e.count, "device_ms": round(e.device_time_total / 1e3, 3),
+             "shapes": str(e.input_shapes)}
+            for e in prof.key_averages(group_by_input_shape=True) if e.key in COPY_OPS]
+    return sorted(rows, key=lambda row: (-row["device_ms"], -row["calls"]))
+
+
 def _init_single_process_group(device: torch.device) -> None:
     import os
 
@@ -144,15 +158,18 @@ def _init_single_process_group(device: torch.device) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 
 
-def run_variant(variant: Variant, base: Config, device: torch.device, profile_steps: int = 0) -> BenchResult:
+def run_variant(variant: Variant, base: Config, device: torch.device, profile_steps: int = 0,
+                trace_copies: bool = False) -> BenchResult:
     """bench.warmup steps (the first one timed apart: compilation), then bench.steps timed steps of train's own
-    Trainer on synthetic samples, in one process; the host never waits for the device inside the timed steps."""
+    Trainer on synthetic samples, in one process; the host never waits for the device inside the timed steps.
+    profile_steps: trace that many more steps' kernels; trace_copies: one more step with the CPU ops and shapes
+    recorded, for its copy ops (copy_ops; apart from the kernel trace, whose kernel times it would count twice)."""
     from .train import Trainer
 
     cfg = variant.config(base)
     steps, warmup = cfg.bench.steps, cfg.bench.warmup
     batch, resolution = cfg.data.batch_size, cfg.data.resolution
-    cfg = variant.config(base, {"data.synthetic_samples": batch * (warmup + steps + profile_steps + 2),
+    cfg = variant.config(base, {"data.synthetic_samples": batch * (warmup + steps + profile_steps + trace_copies + 2),
                                 "data.path": None, "checkpoint.dir": None})
     fsdp = cfg.train.parallel == "fsdp"
     if fsdp:
@@ -190,6 +207,14 @@ def run_variant(variant: Variant, base: Config, device: torch.device, profile_st
             extra["kernel_ms_per_step"] = kernel_breakdown(prof, profile_steps)
             extra["top_kernels"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
                                                              max_name_column_width=90)
+        if trace_copies:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            with profile(activities=activities, record_shapes=True) as prof:
+                trainer.step_async()
+                sync()
+            extra["copy_ops"] = copy_ops(prof)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else float("nan")
         params = trainer.parameters_count
     finally:

@@ -93,7 +93,7 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
          bench opt-1024 sd3-medium:1024:8:optimized --copy-ops
          bench opt-batch-1024 sd3-medium:1024:8:optimized:layout=batch --copy-ops ;;
   # the comparison of the performance targets, each case its own process: 1024^2 in one call, 512^2 in the next
-  # (quack tunes its GEMMs for 512^2 for about 3 minutes on a machine whose cache lacks that shape)
+  # (quack tunes its GEMMs for 512^2 for 3 to 6.5 minutes on a machine whose cache lacks that shape)
   final1024) bench ref-1024 sd3-medium:1024:8:reference
              bench opt-1024 sd3-medium:1024:8:optimized
              train_run

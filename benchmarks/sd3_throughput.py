@@ -112,7 +112,8 @@ def main() -> int:
             continue
         results.append(r)
         print(f"[{case}] {r.images_per_s:.2f} images/s, MFU {r.mfu:.3f}, step {r.step_s * 1e3:.0f} ms, peak "
-              f"{r.peak_gib:.1f} GiB, first step {r.compile_s:.0f} s, case {time.perf_counter() - t0:.0f} s; "
+              f"{r.peak_gib:.1f} GiB, first step {r.compile_s:.0f} s (peak {r.first_step_peak_gib:.1f} GiB), "
+              f"case {time.perf_counter() - t0:.0f} s; "
               f"{r.extra['kernels']}", flush=True)
         if "kernel_ms_per_step" in r.extra:
             print(f"[{case}] GPU ms per step by kernel family: {r.extra['kernel_ms_per_step']}", flush=True)

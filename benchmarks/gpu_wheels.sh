@@ -15,9 +15,9 @@ mapfile -t FA4 < <(python3 -c '
 import tomllib
 for req in tomllib.load(open("workloads/pyproject.toml", "rb"))["project"]["optional-dependencies"]["fa4"]:
     print(req)')
-DSL=$(printf '%s\n' "${FA4[@]}" | sed -n 's/^nvidia-cutlass-dsl==//p')
+DSL=$(printf '%s\n' "${FA4[@]}" | sed -nE 's/^nvidia-cutlass-dsl(\[[a-z0-9,]*\])?==//p')
 if [ -z "$DSL" ]; then
-  echo "gpu_wheels.sh: no nvidia-cutlass-dsl==VERSION pin in workloads/pyproject.toml's fa4 extra" >&2
+  echo "gpu_wheels.sh: no nvidia-cutlass-dsl[EXTRAS]==VERSION pin in workloads/pyproject.toml's fa4 extra" >&2
   exit 1
 fi
 BINARY=(--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64

@@ -167,6 +167,8 @@ def run_variant(variant: Variant, base: Config, device: torch.device, profile_st
     Trainer on synthetic samples, in one process; the host never waits for the device inside the timed steps.
     profile_steps: trace that many more steps' kernels; trace_copies: one more step with the CPU ops and shapes
     recorded, for its copy ops (copy_ops; apart from the kernel trace, whose kernel times it would count twice)."""
+    from torch.profiler import ProfilerActivity, profile
+
     from .train import Trainer
 
     cfg = variant.config(base)
@@ -183,14 +185,14 @@ def run_variant(variant: Variant, base: Config, device: torch.device, profile_st
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    peak_gib = (lambda: torch.cuda.max_memory_allocated(device) / 2**30) if cuda else (lambda: float("nan"))
     trainer = Trainer(cfg, rt)
-    first_peak = float("nan")
     try:
         t0 = time.perf_counter()
         float(trainer.step_async()["loss"])
         compile_s = time.perf_counter() - t0
+        first_peak = peak_gib()
         if cuda:
-            first_peak = torch.cuda.max_memory_allocated(device) / 2**30
             torch.cuda.reset_peak_memory_stats(device)
         for _ in range(warmup - 1):
             trainer.step_async()
@@ -205,8 +207,6 @@ def run_variant(variant: Variant, base: Config, device: torch.device, profile_st
         extra: dict[str, Any] = {"kernels": trainer.kernel_note}
         if profile_steps and cuda:
             # Steady state only: the model is compiled and warm, so no autotuning or compilation is in the trace.
-            from torch.profiler import ProfilerActivity, profile
-
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(profile_steps):
                     trainer.step_async()
@@ -215,14 +215,12 @@ def run_variant(variant: Variant, base: Config, device: torch.device, profile_st
             extra["top_kernels"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
                                                              max_name_column_width=90)
         if trace_copies:
-            from torch.profiler import ProfilerActivity, profile
-
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
             with profile(activities=activities, record_shapes=True) as prof:
                 trainer.step_async()
                 sync()
             extra["copy_ops"] = copy_ops(prof)
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else float("nan")
+        peak = peak_gib()
         params = trainer.parameters_count
     finally:
         trainer.close()

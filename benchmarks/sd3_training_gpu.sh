@@ -5,7 +5,10 @@
 # results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
 #     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [layout] [final1024] [final512]
-#     [chain]
+#     [chain] [ab] [fa4layout]
+# BASE: a second copy of the package's source, made here by
+#   rm -rf .gpubase && mkdir -p .gpubase && git archive REV workloads/src | tar -x -C .gpubase
+# and carried: part `ab` runs the optimized step from this tree and from BASE, one process each, both traced.
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -57,6 +60,7 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   mlp1024) bench ref-1024 sd3-medium:1024:8:reference
            bench opt-1024 sd3-medium:1024:8:optimized
            bench opt-torchmlp-1024 sd3-medium:1024:8:optimized:mlp=torch ;;
+  fa4layout) python3 benchmarks/fa4_layouts.py --out "$OUT/fa4-layouts.json" 2>&1 | grep -E "TFLOP/s|failed|Error" ;;
   fa4bwd) python3 benchmarks/fa4_backward_configs.py --out "$OUT/fa4-bwd-configs.json" 2>&1 \
             | grep -E "TFLOP/s|failed:" | tail -15 ;;
   # Inductor's reductions over SD3's 1536 channels are looped (two passes over a row) unless persistent
@@ -100,5 +104,9 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
              bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch ;;
   final512) bench ref-512 sd3-medium:512:32:reference
             bench opt-512 sd3-medium:512:32:optimized ;;
+  # one change against the tree it was made on (BASE), each step traced for the split and the kernel table
+  ab) bench opt-1024 sd3-medium:1024:8:optimized --profile-steps 3
+      PYTHONPATH="${PYTHONPATH%:*}:$PWD/${BASE:?set BASE to the other tree, see the top}/workloads/src" \
+        bench base-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
   *) echo "unknown part $p (the parts are listed at the top of $0)" >&2; exit 2 ;;
 esac; done; done

@@ -22,8 +22,8 @@ interpreter = pytest.mark.skipif(
     reason="needs Triton's interpreter (Triton installed, no GPU)")
 
 
-def _reference(x, branch, gate, shift, scale, eps):
-    h = x + gate[:, None] * branch if branch is not None else x
+def _reference(x, branch, gate, shift, scale, eps, bias=None):
+    h = x + gate[:, None] * (branch + (bias if bias is not None else 0)) if branch is not None else x
     y = F.layer_norm(h, (x.shape[-1],), eps=eps) * (1 + scale[:, None]) + shift[:, None]
     return h, y
 
@@ -43,22 +43,25 @@ def _inputs(gated, dtype=torch.float64, batch=2, tokens=37, channels=48):
 
 @interpreter
 @pytest.mark.parametrize("seq_first", [False, True], ids=["batch_first", "seq_first"])
-@pytest.mark.parametrize("gated", [False, True], ids=["adaln", "gated_adaln"])
-def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated, seq_first):
-    """Also in the sequence-first layout (tokens, batch, channels), where row r belongs to sample r % batch."""
+@pytest.mark.parametrize("gated, with_bias", [(False, False), (True, False), (True, True)],
+                         ids=["adaln", "gated_adaln", "gated_adaln_bias"])
+def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated, with_bias, seq_first):
+    """Also in the sequence-first layout (tokens, batch, channels), where row r belongs to sample r % batch; the
+    gated one also with the branch's bias (the attention's output projection's, left to the norm)."""
     x, branch, gate, shift, scale = _inputs(gated)
-    leaves = [t for t in (x, branch, gate, shift, scale) if t is not None]
     gen = torch.Generator().manual_seed(4)
+    bias = torch.randn(x.shape[-1], generator=gen, dtype=x.dtype).requires_grad_() if with_bias else None
+    leaves = [t for t in (x, branch, gate, shift, scale, bias) if t is not None]
     dy, dh = torch.randn(x.shape, generator=gen, dtype=x.dtype), torch.randn(x.shape, generator=gen, dtype=x.dtype)
 
-    h, y = _reference(x, branch, gate, shift, scale, 1e-6)
+    h, y = _reference(x, branch, gate, shift, scale, 1e-6, bias)
     expected = torch.autograd.grad((y * dy).sum() + ((h * dh).sum() if gated else 0), leaves)
 
     def layout(t):  # the kernels' input in the layout under test, its output back in (batch, tokens, channels)
         return t.transpose(0, 1).contiguous() if seq_first and t is not None else t
 
     if gated:
-        h_k, y_k = fused_norm.gated_adaln(layout(x), layout(branch), gate, shift, scale, 1e-6, seq_first)
+        h_k, y_k = fused_norm.gated_adaln(layout(x), layout(branch), gate, shift, scale, 1e-6, seq_first, bias)
         h_k, y_k = layout(h_k), layout(y_k)
         torch.testing.assert_close(h_k, h, rtol=0, atol=1e-5)
     else:
@@ -66,8 +69,37 @@ def test_kernels_equal_layer_norm_and_modulation_and_their_gradients(gated, seq_
     assert y_k.dtype == x.dtype
     torch.testing.assert_close(y_k, y, rtol=0, atol=1e-5)  # the kernels compute in fp32
     got = torch.autograd.grad((y_k * dy).sum() + ((h_k * dh).sum() if gated else 0), leaves)
-    for name, g, e in zip(["x", "branch", "gate", "shift", "scale"] if gated else ["x", "shift", "scale"], got,
-                          expected, strict=True):
+    names = ["x", "branch", "gate", "shift", "scale", "bias"][:len(leaves)] if gated else ["x", "shift", "scale"]
+    for name, g, e in zip(names, got, expected, strict=True):
+        assert g.dtype == e.dtype, name
+        torch.testing.assert_close(g, e, rtol=0, atol=5e-5, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+@interpreter
+@pytest.mark.parametrize("seq_first", [False, True], ids=["batch_first", "seq_first"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+def test_gated_residual_equals_torch_with_its_gradients(with_bias, seq_first):
+    """h + gate * (branch + bias), the residual update after the feed-forward, which takes the output projection's
+    bias: its value and the gradients of h, branch, gate (a chunk of a wider modulation, read with its row stride)
+    and bias, which the backward sums per program as it writes the branch's gradient."""
+    x, branch, _, _, _ = _inputs(True)
+    gen = torch.Generator().manual_seed(7)
+    joined = torch.randn(2, 2 * 48, generator=gen, dtype=x.dtype).requires_grad_()
+    bias = torch.randn(48, generator=gen, dtype=x.dtype).requires_grad_() if with_bias else None
+    dout = torch.randn(x.shape, generator=gen, dtype=x.dtype)
+    gate = joined.chunk(2, dim=1)[1]
+    leaves = [t for t in (x, branch, joined, bias) if t is not None]
+    expected_out = x + gate[:, None] * (branch + (bias if with_bias else 0))
+    expected = torch.autograd.grad((expected_out * dout).sum(), leaves)
+
+    def layout(t):
+        return t.transpose(0, 1).contiguous() if seq_first else t
+
+    out = layout(fused_norm.gated_residual(layout(x), layout(branch), gate, bias, seq_first))
+    assert out.dtype == x.dtype
+    torch.testing.assert_close(out, expected_out, rtol=0, atol=1e-5)  # computed in fp32
+    got = torch.autograd.grad((out * dout).sum(), leaves)
+    for name, g, e in zip(["h", "branch", "gate", "bias"], got, expected, strict=False):
         assert g.dtype == e.dtype, name
         torch.testing.assert_close(g, e, rtol=0, atol=5e-5, msg=lambda m, n=name: f"d{n}: {m}")
 

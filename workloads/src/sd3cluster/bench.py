@@ -212,7 +212,7 @@ def run_variant(variant: Variant, base: Config, device: torch.device, profile_st
                     trainer.step_async()
                 sync()
             extra["kernel_ms_per_step"] = kernel_breakdown(prof, profile_steps)
-            extra["top_kernels"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
+            extra["top_kernels"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=60,
                                                              max_name_column_width=90)
         if trace_copies:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

@@ -27,7 +27,7 @@ from torch import nn
 
 from .errors import UserError
 from .kernel_choice import choose_kernel, triton_import_problem
-from .models import joint_attention_sequence_first, sequence_first_backend
+from .models import feed_forward_deferring_out_bias, joint_attention_sequence_first, sequence_first_backend
 
 
 def backward_rows(rows: int) -> int:
@@ -42,14 +42,15 @@ def _interpreting() -> bool:
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
-    """The two kernels, defined on first use so that importing this module never needs Triton."""
+def _kernels() -> tuple[Any, Any, Any, Any]:
+    """The kernels, defined on first use so that importing this module never needs Triton."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def triton_adaln_forward(X, BRANCH, GATE, SHIFT, SCALE, H, Y, MEAN, RSTD, tokens, samples, channels, mod_stride,
-                             eps, GATED: tl.constexpr, SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr):
+    def triton_adaln_forward(X, BRANCH, GATE, BIAS, SHIFT, SCALE, H, Y, MEAN, RSTD, tokens, samples, channels,
+                             mod_stride, eps, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, SEQ_FIRST: tl.constexpr,
+                             BLOCK_C: tl.constexpr):
         row = tl.program_id(0)
         # rows in (batch, tokens) order, or (tokens, batch) for the sequence-first layout
         sample = row % samples if SEQ_FIRST else row // tokens
@@ -60,6 +61,8 @@ def _kernels() -> tuple[Any, Any]:
         x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
         if GATED:
             branch = tl.load(BRANCH + offsets, mask=mask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                branch += tl.load(BIAS + cols, mask=mask, other=0.0).to(tl.float32)
             gate = tl.load(GATE + mod, mask=mask, other=0.0).to(tl.float32)
             x = x + gate * branch
             tl.store(H + offsets, x.to(H.dtype.element_ty), mask=mask)
@@ -74,9 +77,10 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(RSTD + row, rstd)
 
     @triton.jit
-    def triton_adaln_backward(X, BRANCH, GATE, SCALE, DY, DH, MEAN, RSTD, DX, DBRANCH, PARTIAL, tokens, channels,
-                              mod_stride, parts, samples, GATED: tl.constexpr, HAS_DH: tl.constexpr,
-                              SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+    def triton_adaln_backward(X, BRANCH, GATE, BIAS, SCALE, DY, DH, MEAN, RSTD, DX, DBRANCH, PARTIAL, tokens,
+                              channels, mod_stride, parts, samples, GATED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              HAS_DH: tl.constexpr, SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr,
+                              ROWS: tl.constexpr):
         sample = tl.program_id(0)
         part = tl.program_id(1)
         cols = tl.arange(0, BLOCK_C)
@@ -84,8 +88,12 @@ def _kernels() -> tuple[Any, Any]:
         mod = sample * mod_stride + cols
         scale = tl.load(SCALE + mod, mask=cmask, other=0.0).to(tl.float32)
         gate = tl.zeros([BLOCK_C], dtype=tl.float32)
+        bias = tl.zeros([BLOCK_C], dtype=tl.float32)
         if GATED:
             gate = tl.load(GATE + mod, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
+        sum_dx = tl.zeros([BLOCK_C], dtype=tl.float32)
         sum_dy = tl.zeros([BLOCK_C], dtype=tl.float32)
         sum_dy_xhat = tl.zeros([BLOCK_C], dtype=tl.float32)
         sum_dh_branch = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -99,6 +107,8 @@ def _kernels() -> tuple[Any, Any]:
             branch = tl.zeros([BLOCK_C], dtype=tl.float32)
             if GATED:
                 branch = tl.load(BRANCH + offsets, mask=mask, other=0.0).to(tl.float32)
+                if HAS_BIAS:
+                    branch = tl.where(mask, branch + bias, 0.0)
                 x = x + gate * branch
             mean = tl.load(MEAN + row, mask=valid, other=0.0)
             rstd = tl.load(RSTD + row, mask=valid, other=0.0)
@@ -116,15 +126,60 @@ def _kernels() -> tuple[Any, Any]:
             if GATED:
                 tl.store(DBRANCH + offsets, (dx * gate).to(DBRANCH.dtype.element_ty), mask=mask)
                 sum_dh_branch += dx * branch
-        # PARTIAL is (3, samples, parts, channels): the shift, scale and gate gradients of this program's rows.
+                sum_dx += dx
+        # PARTIAL is (3 or 4, samples, parts, channels): the shift, scale and gate gradients of this program's rows,
+        # and with a bias the sum of dx (the bias's gradient is that times the gate, summed over the samples).
         out = (sample * parts + part).to(tl.int64) * channels + cols
         plane = samples * parts * channels
         tl.store(PARTIAL + out, sum_dy, mask=cmask)
         tl.store(PARTIAL + plane + out, sum_dy_xhat, mask=cmask)
         if GATED:
             tl.store(PARTIAL + 2 * plane + out, sum_dh_branch, mask=cmask)
+        if HAS_BIAS:
+            tl.store(PARTIAL + 3 * plane + out, sum_dx, mask=cmask)
 
-    return triton_adaln_forward, triton_adaln_backward
+    @triton.jit
+    def triton_gated_residual_forward(H, BRANCH, GATE, BIAS, OUT, tokens, samples, channels, mod_stride,
+                                      HAS_BIAS: tl.constexpr, SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr):
+        row = tl.program_id(0)
+        sample = row % samples if SEQ_FIRST else row // tokens
+        cols = tl.arange(0, BLOCK_C)
+        mask = cols < channels
+        offsets = row.to(tl.int64) * channels + cols
+        branch = tl.load(BRANCH + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            branch += tl.load(BIAS + cols, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(GATE + sample * mod_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        h = tl.load(H + offsets, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + offsets, (h + gate * branch).to(OUT.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def triton_gated_residual_backward(DOUT, BRANCH, GATE, DBRANCH, PARTIAL, tokens, channels, mod_stride, parts,
+                                       samples, SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+        sample = tl.program_id(0)
+        part = tl.program_id(1)
+        cols = tl.arange(0, BLOCK_C)
+        cmask = cols < channels
+        gate = tl.load(GATE + sample * mod_stride + cols, mask=cmask, other=0.0).to(tl.float32)
+        sum_dout = tl.zeros([BLOCK_C], dtype=tl.float32)
+        sum_dout_branch = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for r in range(ROWS):
+            token = part * ROWS + r
+            mask = cmask & (token < tokens)
+            row = token * samples + sample if SEQ_FIRST else sample * tokens + token
+            offsets = row.to(tl.int64) * channels + cols
+            dout = tl.load(DOUT + offsets, mask=mask, other=0.0).to(tl.float32)
+            branch = tl.load(BRANCH + offsets, mask=mask, other=0.0).to(tl.float32)
+            sum_dout += dout
+            sum_dout_branch += dout * branch
+            tl.store(DBRANCH + offsets, (dout * gate).to(DBRANCH.dtype.element_ty), mask=mask)
+        # PARTIAL is (2, samples, parts, channels): this program's sums of dout and of dout * branch
+        out = (sample * parts + part).to(tl.int64) * channels + cols
+        tl.store(PARTIAL + out, sum_dout, mask=cmask)
+        tl.store(PARTIAL + samples * parts * channels + out, sum_dout_branch, mask=cmask)
+
+    return (triton_adaln_forward, triton_adaln_backward, triton_gated_residual_forward,
+            triton_gated_residual_backward)
 
 
 def _launch_options(channels: int) -> dict[str, int]:
@@ -156,8 +211,8 @@ def _per_sample(*mods: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], int]:
     return tuple(m.contiguous() for m in mods), mods[0].shape[1]
 
 
-def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | None, shift: torch.Tensor,
-             scale: torch.Tensor, eps: float, out_dtype: torch.dtype, seq_first: bool = False):
+def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | None, bias: torch.Tensor | None,
+             shift: torch.Tensor, scale: torch.Tensor, eps: float, out_dtype: torch.dtype, seq_first: bool = False):
     _check(x, shift, seq_first)
     batch, tokens, channels = _dims(x, seq_first)
     x = x.contiguous()
@@ -167,16 +222,17 @@ def _forward(x: torch.Tensor, branch: torch.Tensor | None, gate: torch.Tensor | 
     mean = torch.empty((batch * tokens,), device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     (gate, shift, scale), mod_stride = _per_sample(gate if gated else shift, shift, scale)
-    forward_kernel, _ = _kernels()
-    forward_kernel[(batch * tokens,)](x, branch.contiguous() if gated else x, gate, shift, scale, h, y, mean,
-                                      rstd, tokens, batch, channels, mod_stride, eps, GATED=gated,
-                                      SEQ_FIRST=seq_first, **_launch_options(channels))
+    forward_kernel = _kernels()[0]
+    forward_kernel[(batch * tokens,)](x, branch.contiguous() if gated else x, gate, bias if bias is not None else gate,
+                                      shift, scale, h, y, mean, rstd, tokens, batch, channels, mod_stride, eps,
+                                      GATED=gated, HAS_BIAS=bias is not None, SEQ_FIRST=seq_first,
+                                      **_launch_options(channels))
     return h, y, mean, rstd
 
 
 def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch: torch.Tensor | None,
-              gate: torch.Tensor | None, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-              seq_first: bool = False):
+              gate: torch.Tensor | None, bias: torch.Tensor | None, scale: torch.Tensor, mean: torch.Tensor,
+              rstd: torch.Tensor, seq_first: bool = False):
     batch, tokens, channels = _dims(x, seq_first)
     gated = branch is not None
     rows = backward_rows(batch * tokens)
@@ -185,16 +241,44 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
     branch = branch.contiguous() if gated else None
     dx = torch.empty_like(x)
     dbranch = torch.empty_like(branch) if gated else dx
-    partial = torch.empty((3, batch, parts, channels), device=x.device, dtype=torch.float32)
+    planes = 2 + gated + (bias is not None)
+    partial = torch.empty((planes, batch, parts, channels), device=x.device, dtype=torch.float32)
     (gate, scale), mod_stride = _per_sample(gate if gated else scale, scale)
-    _, backward_kernel = _kernels()
-    backward_kernel[(batch, parts)](x, branch if gated else x, gate, scale, dy,
+    backward_kernel = _kernels()[1]
+    backward_kernel[(batch, parts)](x, branch if gated else x, gate, bias if bias is not None else scale, scale, dy,
                                     dh.contiguous() if dh is not None else dy, mean, rstd,
                                     dx, dbranch, partial, tokens, channels, mod_stride, parts, batch, GATED=gated,
-                                    HAS_DH=dh is not None, SEQ_FIRST=seq_first, ROWS=rows,
+                                    HAS_BIAS=bias is not None, HAS_DH=dh is not None, SEQ_FIRST=seq_first, ROWS=rows,
                                     **_launch_options(channels))
-    # the per-sample sums of shift, scale (and gate) gradients in one launch: (2 or 3, batch, channels)
-    return dx, dbranch, partial[:3 if gated else 2].sum(dim=2)
+    # the per-sample sums in one launch: (2, 3 or 4, batch, channels), shift's, scale's (gate's, dx's) as above
+    return dx, dbranch, partial[:planes].sum(dim=2)
+
+
+def _residual_forward(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None,
+                      seq_first: bool) -> torch.Tensor:
+    _check(h, gate, seq_first)
+    batch, tokens, channels = _dims(h, seq_first)
+    h, branch = h.contiguous(), branch.contiguous()
+    out = torch.empty_like(h)
+    (gate,), mod_stride = _per_sample(gate)
+    _kernels()[2][(batch * tokens,)](h, branch, gate, bias if bias is not None else gate, out, tokens, batch,
+                                     channels, mod_stride, HAS_BIAS=bias is not None, SEQ_FIRST=seq_first,
+                                     **_launch_options(channels))
+    return out
+
+
+def _residual_backward(dout: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor,
+                       seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, tokens, channels = _dims(branch, seq_first)
+    rows = backward_rows(batch * tokens)
+    parts = -(-tokens // rows)
+    dout, branch = dout.contiguous(), branch.contiguous()
+    dbranch = torch.empty_like(branch)
+    partial = torch.empty((2, batch, parts, channels), device=dout.device, dtype=torch.float32)
+    (gate,), mod_stride = _per_sample(gate)
+    _kernels()[3][(batch, parts)](dout, branch, gate, dbranch, partial, tokens, channels, mod_stride, parts, batch,
+                                  SEQ_FIRST=seq_first, ROWS=rows, **_launch_options(channels))
+    return dbranch, partial.sum(dim=2)
 
 
 # -- custom ops ---------------------------------------------------------------------------------------------------
@@ -204,33 +288,79 @@ def adaln_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: flo
              seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd): y = LayerNorm(x) * (1 + scale) + shift in out_dtype; the row statistics for the backward.
     seq_first: x is (tokens, batch, channels)."""
-    _, y, mean, rstd = _forward(x, None, None, shift, scale, eps, out_dtype, seq_first)
+    _, y, mean, rstd = _forward(x, None, None, None, shift, scale, eps, out_dtype, seq_first)
     return y, mean, rstd
 
 
 @torch.library.custom_op("sd3cluster::gated_adaln", mutates_args=())
-def gated_adaln_op(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
-                   scale: torch.Tensor, eps: float, out_dtype: torch.dtype,
+def gated_adaln_op(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None,
+                   shift: torch.Tensor, scale: torch.Tensor, eps: float, out_dtype: torch.dtype,
                    seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(h, y, mean, rstd): h = x + gate * branch (x's dtype), y = adaLN of h as in adaln_op."""
-    return _forward(x, branch, gate, shift, scale, eps, out_dtype, seq_first)
+    """(h, y, mean, rstd): h = x + gate * (branch + bias) (x's dtype; bias per channel or None), y = adaLN of h as
+    in adaln_op."""
+    return _forward(x, branch, gate, bias, shift, scale, eps, out_dtype, seq_first)
 
 
 @torch.library.custom_op("sd3cluster::adaln_backward", mutates_args=())
 def adaln_backward_op(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor,
                       rstd: torch.Tensor, seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, sums): sums (2, batch, channels) fp32 holds dshift and dscale, the sums over tokens."""
-    dx, _, sums = _backward(dy, None, x, None, None, scale, mean, rstd, seq_first)
+    dx, _, sums = _backward(dy, None, x, None, None, None, scale, mean, rstd, seq_first)
     return dx, sums
 
 
 @torch.library.custom_op("sd3cluster::gated_adaln_backward", mutates_args=())
 def gated_adaln_backward_op(dh: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, branch: torch.Tensor,
-                            gate: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                            seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            gate: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor, mean: torch.Tensor,
+                            rstd: torch.Tensor, seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dbranch, sums): dx = dh + the norm's gradient (x, h and the residual share it); sums (3, batch,
-    channels) fp32 holds dshift, dscale and dgate."""
-    return _backward(dy, dh, x, branch, gate, scale, mean, rstd, seq_first)
+    channels) fp32 holds dshift, dscale and dgate, with a bias (4, ...) and the sums of dx over tokens last."""
+    return _backward(dy, dh, x, branch, gate, bias, scale, mean, rstd, seq_first)
+
+
+@torch.library.custom_op("sd3cluster::gated_residual", mutates_args=())
+def gated_residual_op(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None,
+                      seq_first: bool) -> torch.Tensor:
+    """h + gate * (branch + bias), in h's dtype; gate per sample (batch, channels), bias per channel or None."""
+    return _residual_forward(h, branch, gate, bias, seq_first)
+
+
+@torch.library.custom_op("sd3cluster::gated_residual_backward", mutates_args=())
+def gated_residual_backward_op(dout: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor,
+                               seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dbranch, sums): dbranch = gate * dout; sums (2, batch, channels) fp32 holds the sums over tokens of dout
+    and of dout * branch, from which the gate's and the bias's gradients follow."""
+    return _residual_backward(dout, branch, gate, seq_first)
+
+
+@gated_residual_op.register_fake
+def _(h, branch, gate, bias, seq_first):
+    return h.new_empty(h.shape)
+
+
+@gated_residual_backward_op.register_fake
+def _(dout, branch, gate, seq_first):
+    return branch.new_empty(branch.shape), branch.new_empty((2, gate.shape[0], branch.shape[2]),
+                                                            dtype=torch.float32)
+
+
+def _residual_setup(ctx, inputs, output) -> None:
+    _h, branch, gate, bias, ctx.seq_first = inputs
+    ctx.save_for_backward(branch, gate, bias)
+    ctx.has_bias = bias is not None
+
+
+def _residual_backward_autograd(ctx, dout):
+    branch, gate, bias = ctx.saved_tensors
+    dbranch, sums = gated_residual_backward_op(dout, branch, gate, ctx.seq_first)
+    sum_dout, sum_dout_branch = sums[0], sums[1]
+    # d gate = sum_t dout * (branch + bias); d bias = sum over samples and tokens of gate * dout
+    dgate = sum_dout_branch + bias.float() * sum_dout if ctx.has_bias else sum_dout_branch
+    dbias = (gate.float() * sum_dout).sum(0).to(bias.dtype) if ctx.has_bias else None
+    return dout, dbranch, dgate.to(gate.dtype), dbias, None
+
+
+gated_residual_op.register_autograd(_residual_backward_autograd, setup_context=_residual_setup)
 
 
 def _stats(x: torch.Tensor) -> torch.Tensor:
@@ -243,7 +373,7 @@ def _(x, shift, scale, eps, out_dtype, seq_first):
 
 
 @gated_adaln_op.register_fake
-def _(x, branch, gate, shift, scale, eps, out_dtype, seq_first):
+def _(x, branch, gate, bias, shift, scale, eps, out_dtype, seq_first):
     return x.new_empty(x.shape), x.new_empty(x.shape, dtype=out_dtype), _stats(x), _stats(x)
 
 
@@ -253,9 +383,9 @@ def _(dy, x, scale, mean, rstd, seq_first):
 
 
 @gated_adaln_backward_op.register_fake
-def _(dh, dy, x, branch, gate, scale, mean, rstd, seq_first):
+def _(dh, dy, x, branch, gate, bias, scale, mean, rstd, seq_first):
     return (x.new_empty(x.shape), branch.new_empty(branch.shape),
-            x.new_empty((3, _dims(x, seq_first)[0], x.shape[2]), dtype=torch.float32))
+            x.new_empty((3 + (bias is not None), _dims(x, seq_first)[0], x.shape[2]), dtype=torch.float32))
 
 
 def _adaln_setup(ctx, inputs, output) -> None:
@@ -273,19 +403,21 @@ def _adaln_backward(ctx, dy, _dmean, _drstd):
 
 
 def _gated_setup(ctx, inputs, output) -> None:
-    x, branch, gate, shift, scale, _eps, _dtype, ctx.seq_first = inputs
+    x, branch, gate, bias, shift, scale, _eps, _dtype, ctx.seq_first = inputs
     _, _, mean, rstd = output
-    ctx.save_for_backward(x, branch, gate, scale, mean, rstd)
+    ctx.save_for_backward(x, branch, gate, bias, scale, mean, rstd)
     ctx.dtypes = (gate.dtype, shift.dtype, scale.dtype)
     ctx.mark_non_differentiable(mean, rstd)
 
 
 def _gated_backward(ctx, dh, dy, _dmean, _drstd):
-    x, branch, gate, scale, mean, rstd = ctx.saved_tensors
-    dx, dbranch, sums = gated_adaln_backward_op(dh, dy, x, branch, gate, scale, mean, rstd, ctx.seq_first)
+    x, branch, gate, bias, scale, mean, rstd = ctx.saved_tensors
+    dx, dbranch, sums = gated_adaln_backward_op(dh, dy, x, branch, gate, bias, scale, mean, rstd, ctx.seq_first)
     gate_dtype, shift_dtype, scale_dtype = ctx.dtypes
-    return (dx, dbranch, sums[2].to(gate_dtype), sums[0].to(shift_dtype), sums[1].to(scale_dtype), None, None,
-            None)
+    # the bias's gradient: the branch's (gate * dx) summed over tokens and samples
+    dbias = (gate.float() * sums[3]).sum(0).to(bias.dtype) if bias is not None else None
+    return (dx, dbranch, sums[2].to(gate_dtype), dbias, sums[0].to(shift_dtype), sums[1].to(scale_dtype), None,
+            None, None)
 
 
 adaln_op.register_autograd(_adaln_backward, setup_context=_adaln_setup)
@@ -305,10 +437,22 @@ def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
 
 
 def gated_adaln(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
-                scale: torch.Tensor, eps: float, seq_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, adaln(h, shift, scale)) with h = x + gate * branch: the residual update and the next norm."""
-    h, y, _, _ = gated_adaln_op(x, branch, gate, shift, scale, eps, _compute_dtype(x), seq_first)
+                scale: torch.Tensor, eps: float, seq_first: bool = False,
+                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, adaln(h, shift, scale)) with h = x + gate * (branch + bias): the residual update and the next norm. The
+    bias is the attention's output projection's where the block leaves it here: its gradient is summed in the pass
+    that writes the branch's, where the projection's backward would read the whole branch gradient again."""
+    h, y, _, _ = gated_adaln_op(x, branch, gate, bias, shift, scale, eps, _compute_dtype(x), seq_first)
     return h, y
+
+
+def gated_residual(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None = None,
+                   seq_first: bool = False) -> torch.Tensor:
+    """h + gate * (branch + bias): the joint blocks' residual update after the feed-forward, whose output projection
+    leaves its bias to this op. One pass each way: the backward writes the branch's gradient and sums what the
+    gate's and the bias's gradients need as it goes (Inductor's kernels read the stream three times for these, and
+    the bias's gradient once more)."""
+    return gated_residual_op(h, branch, gate, bias, seq_first)
 
 
 # -- the joint block ----------------------------------------------------------------------------------------------
@@ -343,11 +487,12 @@ def _stream(x: torch.Tensor, mods: tuple[torch.Tensor, ...], norm1_eps: float, s
     return adaln(x, shift_msa, scale_msa, norm1_eps, seq_first)
 
 
-def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, mods: tuple[torch.Tensor, ...], norm2: nn.LayerNorm,
-                     ff: nn.Module, seq_first: bool) -> torch.Tensor:
+def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, attn_bias: torch.Tensor | None,
+                     mods: tuple[torch.Tensor, ...], norm2: nn.LayerNorm, ff: nn.Module, seq_first: bool) -> torch.Tensor:
     _, _, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
-    h, y = gated_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2.eps, seq_first)
-    return h + gate_mlp.unsqueeze(0 if seq_first else 1) * ff(y)
+    h, y = gated_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2.eps, seq_first, attn_bias)
+    branch, bias = feed_forward_deferring_out_bias(ff, y)
+    return gated_residual(h, branch, gate_mlp, bias, seq_first)
 
 
 def _relayout(x: torch.Tensor, seq_first_from: bool, seq_first_to: bool) -> torch.Tensor:
@@ -419,14 +564,16 @@ def fuse_norms(model: nn.Module) -> int:
             encoder_hidden_states = _relayout(encoder_hidden_states, seq_first_in, seq_first)
             normed_img = _stream(hidden_states, img, self.norm1.norm.eps, seq_first)
             normed_txt = _stream(encoder_hidden_states, txt, self.norm1_context.norm.eps, seq_first)
+            bias_img = bias_txt = None  # the output projections' biases where the residual update adds them
             if seq_first:
-                attn_img, attn_txt = joint_attention_sequence_first(self.attn, normed_img, normed_txt, backend)
+                attn_img, attn_txt, bias_img, bias_txt = joint_attention_sequence_first(self.attn, normed_img,
+                                                                                        normed_txt, backend)
             else:
                 attn_img, attn_txt = self.attn(hidden_states=normed_img, encoder_hidden_states=normed_txt,
                                                **(joint_attention_kwargs or {}))
-            hidden_states = _after_attention(hidden_states, attn_img, img, self.norm2, self.ff, seq_first)
-            encoder_hidden_states = _after_attention(encoder_hidden_states, attn_txt, txt, self.norm2_context,
-                                                     self.ff_context, seq_first)
+            hidden_states = _after_attention(hidden_states, attn_img, bias_img, img, self.norm2, self.ff, seq_first)
+            encoder_hidden_states = _after_attention(encoder_hidden_states, attn_txt, bias_txt, txt,
+                                                     self.norm2_context, self.ff_context, seq_first)
             return (_relayout(encoder_hidden_states, seq_first, seq_first_out),
                     _relayout(hidden_states, seq_first, seq_first_out))
 

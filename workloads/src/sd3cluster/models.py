@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention, packed_attention
@@ -152,10 +153,13 @@ def resolve_layout(name: str, fuse_qkv: bool, attention_backend: str, norm: str)
 
 
 def joint_attention_sequence_first(attn: nn.Module, image: torch.Tensor, context: torch.Tensor,
-                                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                                   backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                          torch.Tensor | None]:
     """FusedJointAttnProcessor's attention for (tokens, batch, channels) streams. Both projections' rows are whole
     blocks of one (tokens, batch, 3, heads, head_dim) tensor, which FA4 reads as q, k and v; its output's rows
-    split into the two output projections' inputs as they are: no q/k/v is copied or stacked either way."""
+    split into the two output projections' inputs as they are: no q/k/v is copied or stacked either way.
+    Returns (image, context, image bias, context bias): plain output projections leave their biases to the caller
+    (the fused norms' residual update adds them, fused_norm.gated_adaln), others apply them (None)."""
     n_img, batch, _ = image.shape
     projections = (attn.to_qkv, attn.to_added_qkv, attn.to_out[0], attn.to_add_out)
     plain = all(type(p) is nn.Linear for p in projections)  # LoRA's and float8's linears keep their forward
@@ -167,8 +171,10 @@ def joint_attention_sequence_first(attn: nn.Module, image: torch.Tensor, context
         qkv = torch.cat([attn.to_qkv(image), attn.to_added_qkv(context)])
     out = packed_attention(qkv.view(qkv.shape[0], batch, 3, attn.heads, -1), backend).flatten(2)
     if plain:
-        return split_linear(out, n_img, *weights[2], *weights[3])
-    return attn.to_out[0](out[:n_img]), attn.to_add_out(out[n_img:])
+        # the biases as the parameters they are: the fused norm adds them in fp32 and hands back their gradients
+        return (*split_linear(out, n_img, weights[2][0], None, weights[3][0], None), attn.to_out[0].bias,
+                attn.to_add_out.bias)
+    return attn.to_out[0](out[:n_img]), attn.to_add_out(out[n_img:]), None, None
 
 
 @functools.cache
@@ -214,16 +220,34 @@ def resolve_mlp(name: str, device: torch.device, half: bool, lora: bool) -> tupl
     return "quack", "quack (asked for)"
 
 
-def _fused_gelu_feed_forward(hidden_states: torch.Tensor, proj: nn.Linear, out: nn.Linear) -> torch.Tensor:
+def _fused_gelu_feed_forward(hidden_states: torch.Tensor, proj: nn.Linear, out: nn.Linear,
+                             out_bias: bool = True) -> torch.Tensor:
     """out(gelu_tanh(proj(x))) as two quack GEMMs: the GELU runs in the first GEMM's epilogue (which also keeps the
     pre-activation for the backward) and its gradient in the epilogue of the backward's GEMM, so no elementwise
-    kernel reads or writes the 4x-wide hidden activation. Half precision (autocast's dtype) like nn.Linear."""
+    kernel reads or writes the 4x-wide hidden activation. Half precision (autocast's dtype) like nn.Linear.
+    out_bias=False leaves out's bias to the caller."""
     from quack.mlp import mlp_func
 
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else hidden_states.dtype
     bias1 = proj.bias.to(dtype) if proj.bias is not None else None
-    bias2 = out.bias.to(dtype) if out.bias is not None else None
+    bias2 = out.bias.to(dtype) if out.bias is not None and out_bias else None
     return mlp_func(hidden_states, proj.weight, out.weight, "gelu_tanh_approx", bias1=bias1, bias2=bias2)
+
+
+def feed_forward_deferring_out_bias(ff: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                        torch.Tensor | None]:
+    """(ff(x) without its output projection's bias, that bias): the caller adds the bias where it costs no pass of
+    its own (fused_norm.gated_residual adds it in the residual update and sums its gradient in the same pass, where
+    the GEMM's backward would read the whole output gradient again for it). A feed-forward that is not diffusers'
+    plain three-layer one with a plain biased output linear (LoRA adapts it, say) runs whole, with None."""
+    from diffusers.models.attention import FeedForward
+
+    net = getattr(ff, "net", None)
+    if not isinstance(ff, FeedForward) or len(net) != 3 or type(net[2]) is not nn.Linear or net[2].bias is None:
+        return ff(hidden_states), None
+    if getattr(ff, "quack_applies", lambda _: False)(hidden_states):
+        return _fused_gelu_feed_forward(hidden_states, net[0].proj, net[2], out_bias=False), net[2].bias
+    return F.linear(net[1](net[0](hidden_states)), net[2].weight), net[2].bias
 
 
 def fuse_mlp(model: nn.Module) -> int:
@@ -234,10 +258,13 @@ def fuse_mlp(model: nn.Module) -> int:
     from diffusers.models.attention import FeedForward
 
     class FusedGeluFeedForward(FeedForward):
-        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        def quack_applies(self, hidden_states: torch.Tensor) -> bool:
             half = torch.is_autocast_enabled() or hidden_states.dtype in (torch.bfloat16, torch.float16)
             plain = type(self.net[0].proj) is nn.Linear and type(self.net[2]) is nn.Linear  # not adapted
-            if not (hidden_states.is_cuda and half and plain):
+            return hidden_states.is_cuda and half and plain
+
+        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if not self.quack_applies(hidden_states):
                 return super().forward(hidden_states, *args, **kwargs)
             return _fused_gelu_feed_forward(hidden_states, self.net[0].proj, self.net[2])
 

@@ -1,0 +1,92 @@
+"""FlashAttention-4 at SD3's attention shape: the memory layout of q/k/v it reads, and its forward's tiles.
+
+The training step's FA4 calls took 2.00 ms forward and 4.74 ms backward a block inside an H200 step (the sequence-
+first packed layout, benchmarks/sd3_training.md run 16) against 1.67 and 4.20 alone on contiguous tensors (run 12).
+This times, alone and in one process, forward and backward of:
+- `contiguous`: q, k, v, out and their gradients as separate (batch, tokens, heads, head_dim) tensors;
+- `packed`: the step's layout, q/k/v interleaved in one (tokens, batch, 3, heads, head_dim) tensor read and written
+  through strided views (sd3cluster.attention.fa4_attention_packed);
+and the forward at other tile sizes than flash-attn-4's hdim-64 choice (192 x 128) on the packed layout, each
+checked against the default's output. GPU (sm90) only:
+
+    python3 benchmarks/fa4_layouts.py [--batch 8] [--tokens 4250] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from cuda_timing import time_cuda
+
+FWD_TILES = [(192, 128), (128, 128), (192, 192), (128, 192), (192, 96)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=4250)
+    parser.add_argument("--heads", type=int, default=24)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+
+    torch.manual_seed(0)
+    b, n, h = args.batch, args.tokens, args.heads
+    fwd_flops = 4 * b * h * n**2 * 64
+    packed = torch.randn(n, b, 3, h, 64, device="cuda", dtype=torch.bfloat16)
+    views = [packed[:, :, i].transpose(0, 1) for i in range(3)]  # (b, n, h, d) strided
+    separate = [t.contiguous() for t in views]
+    dout_seq = torch.randn(n, b, h, 64, device="cuda", dtype=torch.bfloat16)
+    out_seq = torch.empty_like(dout_seq)
+    dpacked = torch.empty_like(packed)
+    dviews = [dpacked[:, :, i].transpose(0, 1) for i in range(3)]
+    rows = []
+
+    def report(name: str, ms: float, flops: float, **extra) -> None:
+        print(f"{name:28s} {ms:6.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)
+        rows.append({"name": name, "ms": ms, "tflops": flops / ms / 1e9, **extra})
+
+    # contiguous: the layout of run 12's isolated timing
+    out_c, lse_c, *_ = _flash_attn_fwd(*separate, return_lse=True)
+    dout_c = dout_seq.transpose(0, 1).contiguous()
+    report("forward contiguous", time_cuda(lambda: _flash_attn_fwd(*separate, return_lse=True), args.iters) * 1e3,
+           fwd_flops)
+    report("backward contiguous",
+           time_cuda(lambda: _flash_attn_bwd(*separate, out_c, dout_c, lse_c), args.iters) * 1e3, 2.5 * fwd_flops)
+    # packed: the training step's layout
+    _, lse_p, *_ = _flash_attn_fwd(*views, out=out_seq.transpose(0, 1), return_lse=True)
+    torch.testing.assert_close(out_seq.transpose(0, 1), out_c)
+    report("forward packed",
+           time_cuda(lambda: _flash_attn_fwd(*views, out=out_seq.transpose(0, 1), return_lse=True), args.iters) * 1e3,
+           fwd_flops)
+    report("backward packed", time_cuda(lambda: _flash_attn_bwd(*views, out_seq.transpose(0, 1),
+                                                                dout_seq.transpose(0, 1), lse_p, dq=dviews[0],
+                                                                dk=dviews[1], dv=dviews[2]), args.iters) * 1e3,
+           2.5 * fwd_flops)
+    # the forward's tiles on the packed layout
+    reference = out_seq.float()
+    for tile in FWD_TILES:
+        out_t = torch.empty_like(out_seq)
+        name = f"forward packed tile {tile[0]}x{tile[1]}"
+        try:
+            _flash_attn_fwd(*views, out=out_t.transpose(0, 1), return_lse=True, tile_mn=tile)
+            ms = time_cuda(lambda t=tile, o=out_t: _flash_attn_fwd(*views, out=o.transpose(0, 1), return_lse=True,
+                                                                   tile_mn=t), args.iters) * 1e3
+        except Exception as e:  # a tile the kernel cannot build at this head size
+            print(f"{name:28s} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}", flush=True)
+            rows.append({"name": name, "error": f"{type(e).__name__}: {e}"[:500]})
+            continue
+        diff = ((out_t.float() - reference).norm() / reference.norm()).item()
+        report(name, ms, fwd_flops, rel_diff=diff)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -290,6 +290,42 @@ def test_sequence_first_blocks_equal_diffusers_in_output_and_every_gradient(chai
 
 
 @interpreter
+def test_compiled_block_adds_the_residual_gradient_in_the_norm_backward():
+    """Compiled (Inductor on the CPU, the kernels under the interpreter), a fused block's backward hands the
+    residual's gradient of its input to the first norm's backward (fused_norm_pass) instead of adding the two in a
+    kernel of their own: once per stream, and the gradients equal the uncompiled block's."""
+    from sd3cluster import fused_norm_pass
+    from sd3cluster.models import fuse_qkv
+
+    blocks = _joint_blocks(32, 2, 2)
+    for block in blocks:
+        fuse_qkv(block, attention_backend="fa4", sequence_first=True)
+    holder = _chained(blocks)
+    graph_pass = fused_norm_pass.install()
+    assert graph_pass is torch._inductor.config.post_grad_custom_post_pass
+    gen = torch.Generator().manual_seed(8)
+    hidden, context = torch.randn(2, 19, 32, generator=gen), torch.randn(2, 5, 32, generator=gen)
+    temb = torch.randn(2, 32, generator=gen)
+    first = holder.transformer_blocks[0]
+    results = []
+    for run in (first, torch.compile(first)):
+        h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()
+        out_c, out_h = run(h, c, temb)
+        (out_h.square().mean() + out_c.square().mean()).backward()
+        results.append((out_h, h.grad, c.grad, {n: p.grad.clone() for n, p in first.named_parameters()}))
+        first.zero_grad(set_to_none=True)
+        if run is first:
+            before = graph_pass.rewrites
+    assert graph_pass.rewrites - before == 2  # the image stream's and the context's
+    (out_e, dh_e, dc_e, grads_e), (out_k, dh_k, dc_k, grads_k) = results
+    torch.testing.assert_close(out_k, out_e, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dh_k, dh_e, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(dc_k, dc_e, rtol=1e-4, atol=1e-6)
+    for name, grad in grads_e.items():
+        torch.testing.assert_close(grads_k[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@interpreter
 def test_chained_transformer_equals_diffusers_and_refuses_what_breaks_the_chain():
     """A whole SD3 transformer, its joint blocks chained sequence-first, against diffusers' (output and the input's
     gradient); arguments that would hand a block a stream of the other layout stop with the fix."""
@@ -400,9 +436,12 @@ def test_fused_block_equals_diffusers_on_the_gpu_at_sd3_medium_width():
 
 
 def test_sequence_first_blocks_equal_diffusers_on_the_gpu_with_fa4_and_compile_in_one_graph():
-    """SD3-medium-width blocks, the fused ones on FA4 in the sequence-first layout, under autocast as in training."""
+    """SD3-medium-width blocks, the fused ones on FA4 in the sequence-first layout (with quack's feed-forward where
+    it imports: its output bias left to the gated residual, its first bias's gradient from a GEMM's epilogue), under
+    autocast as in training, eager and compiled (where the first norm's backward adds the residual's gradient):
+    outputs, input gradients and the biases' and modulations' gradients against diffusers'."""
     from sd3cluster.attention import fa4_import_problem
-    from sd3cluster.models import fuse_qkv
+    from sd3cluster.models import fuse_mlp, fuse_qkv, quack_mlp_import_problem
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or fa4_import_problem():
         pytest.skip("needs an sm90+ GPU with flash-attn-4")
@@ -410,17 +449,27 @@ def test_sequence_first_blocks_equal_diffusers_on_the_gpu_with_fa4_and_compile_i
     plain, fused = _joint_blocks(1536, 24, 3, device), _joint_blocks(1536, 24, 3, device)
     for block in fused:
         fuse_qkv(block, attention_backend="fa4", sequence_first=True)
+        if quack_mlp_import_problem() is None:
+            assert fuse_mlp(block) >= 1
     _chained(fused)
     hidden, context, temb = _sd3_medium_inputs(device)
+    compared = ("ff.net.0.proj.bias", "ff.net.2.bias", "ff.net.2.weight", "attn.to_out.0.bias", "attn.to_add_out.bias",
+                "ff_context.net.0.proj.bias", "ff_context.net.2.bias", "norm1.linear.weight", "norm1.linear.bias")
     results = {}
-    for name, blocks in (("plain", plain), ("fused", fused)):
+    for name, blocks in (("plain", plain), ("fused", fused), ("compiled", [torch.compile(b) for b in fused])):
         h, c = hidden.clone().requires_grad_(), context.clone().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out_h, _ = _run_blocks(blocks, h, c, temb)
         out_h.float().square().mean().backward()
-        results[name] = (out_h.float(), h.grad, c.grad)
-    for label, got, expected in zip(("out", "d image", "d context"), results["fused"], results["plain"], strict=True):
-        assert ((got - expected).norm() / expected.norm()).item() < 2e-2, label
+        modules = plain if name == "plain" else fused  # the compiled blocks are the fused ones, wrapped
+        params = dict(modules[0].named_parameters())
+        results[name] = (out_h.float(), h.grad, c.grad, *(params[n].grad.float() for n in compared))
+        for block in modules:
+            block.zero_grad(set_to_none=True)
+    labels = ("out", "d image", "d context", *compared)
+    for run in ("fused", "compiled"):
+        for label, got, expected in zip(labels, results[run], results["plain"], strict=True):
+            assert ((got - expected).norm() / expected.norm()).item() < 2e-2, f"{run}: {label}"
     torch._dynamo.reset()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         # the chain's second block: it takes (tokens, batch, channels) and hands the last a transposed view

@@ -40,7 +40,8 @@ class ModelConfig(_Section):
         "minutes, cached on disk); auto: quack on sm90+ when it imports, for bf16 full training, else torch. Printed "
         "at start")
     norm: Literal["auto", "torch", "triton"] = Field(
-        "auto", description="adaLN LayerNorm + modulation (and the gated residual before the second norm) of the "
+        "auto", description="adaLN LayerNorm + modulation (and the gated residuals before the second norm and after "
+        "the feed-forward, with the output projections' biases) of the "
         "joint blocks: torch (diffusers' modules, compiled with the block) or triton (one fused kernel each way, "
         "sd3cluster.fused_norm); auto: triton on CUDA when it imports, else torch. Printed at start")
     layout: Literal["auto", "batch", "sequence"] = Field(

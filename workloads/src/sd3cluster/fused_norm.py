@@ -1,4 +1,5 @@
-"""adaLN-Zero's LayerNorm and modulation (with the gated residual before it) as one Triton kernel each way.
+"""adaLN-Zero's LayerNorm and modulation (with the gated residual before it) as one Triton kernel each way, and the
+gated residual after the feed-forward as another.
 
 Every SD3 joint block normalises its two streams twice: `y = LayerNorm(x) * (1 + scale) + shift` with a shift
 and scale per sample, and before the second norm `x = x + gate * attention_output`. Compiled by Inductor that is a
@@ -6,7 +7,13 @@ two-pass reduction over each 1536-wide row in the forward, and in the backward a
 reductions over the tokens for the shift, scale and gate gradients, each reading the activations again. Here the
 forward reads a row once and writes the residual, the normalised row and its statistics; the backward reads each
 row once, writes dx (and the branch's gradient) and keeps the per-sample sums of its rows in registers, which a
-small second pass adds up.
+small second pass adds up. The block's last update, `x + gate * feed_forward_output`, is `gated_residual`, whose
+backward likewise writes the branch's gradient and sums the gate's as it goes.
+
+The output projections of the attention and of the feed-forward leave their biases to these kernels (the residual
+adds `gate * (branch + bias)`): the bias's gradient is the sum of the branch's gradient over tokens and samples,
+which the kernels sum in the pass that writes it, where the projection's backward would read that whole gradient
+once more for it (0.74 and about 0.5 ms a step of SD3-medium at 1024^2 on an H200, benchmarks/sd3_training.md run 16).
 
 The kernels run on CUDA (and on the CPU under Triton's interpreter, TRITON_INTERPRET=1, which the tests use). Each
 is a PyTorch custom op with its backward, so torch.compile keeps a block in one graph around them.
@@ -303,9 +310,11 @@ def gated_adaln_op(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, bi
 
 @torch.library.custom_op("sd3cluster::adaln_backward", mutates_args=())
 def adaln_backward_op(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor,
-                      rstd: torch.Tensor, seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, sums): sums (2, batch, channels) fp32 holds dshift and dscale, the sums over tokens."""
-    dx, _, sums = _backward(dy, None, x, None, None, None, scale, mean, rstd, seq_first)
+                      rstd: torch.Tensor, seq_first: bool,
+                      dh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, sums): sums (2, batch, channels) fp32 holds dshift and dscale, the sums over tokens. dh: a gradient of x
+    from elsewhere, added to dx in the same pass (fused_norm_pass puts the residual's there)."""
+    dx, _, sums = _backward(dy, dh, x, None, None, None, scale, mean, rstd, seq_first)
     return dx, sums
 
 
@@ -378,7 +387,7 @@ def _(x, branch, gate, bias, shift, scale, eps, out_dtype, seq_first):
 
 
 @adaln_backward_op.register_fake
-def _(dy, x, scale, mean, rstd, seq_first):
+def _(dy, x, scale, mean, rstd, seq_first, dh=None):
     return x.new_empty(x.shape), x.new_empty((2, _dims(x, seq_first)[0], x.shape[2]), dtype=torch.float32)
 
 
@@ -488,7 +497,8 @@ def _stream(x: torch.Tensor, mods: tuple[torch.Tensor, ...], norm1_eps: float, s
 
 
 def _after_attention(x: torch.Tensor, attn_out: torch.Tensor, attn_bias: torch.Tensor | None,
-                     mods: tuple[torch.Tensor, ...], norm2: nn.LayerNorm, ff: nn.Module, seq_first: bool) -> torch.Tensor:
+                     mods: tuple[torch.Tensor, ...], norm2: nn.LayerNorm, ff: nn.Module,
+                     seq_first: bool) -> torch.Tensor:
     _, _, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
     h, y = gated_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2.eps, seq_first, attn_bias)
     branch, bias = feed_forward_deferring_out_bias(ff, y)
@@ -588,6 +598,10 @@ def fuse_norms(model: nn.Module) -> int:
             continue
         module.__class__ = FusedNormJointBlock
         fused += 1
+    if fused:
+        from . import fused_norm_pass
+
+        fused_norm_pass.install()  # compiled blocks: the first norm's backward adds the residual's gradient
     for parent in list(model.modules()):
         lists = [child for child in parent.children() if isinstance(child, nn.ModuleList)]
         if sum(chain_sequence_first(blocks) for blocks in lists) and not getattr(parent, "_sd3_chain_guard", False):

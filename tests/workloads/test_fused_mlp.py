@@ -95,3 +95,45 @@ def test_fused_mlp_equals_diffusers_in_the_model_output_and_gradients():
     assert grads_t.keys() == grads_q.keys() and len(grads_t) == 12  # 3 feed-forwards x 2 linears x weight, bias
     for name, grad in grads_t.items():
         assert (grads_q[name] - grad).norm() / grad.norm().clamp_min(1e-12) < 5e-2, name
+
+
+@pytest.mark.parametrize("rows", [1232, 4096], ids=["ragged_rows", "whole_tiles"])
+def test_gelu_mlp_op_takes_the_first_bias_gradient_in_its_epilogue(rows):
+    """sd3cluster.quack_mlp (the feed-forward less its output bias, the first bias's gradient summed in the epilogue
+    of the GEMM that writes the GELU's gradient) against fp32 PyTorch, eager and compiled into one graph; 1232 rows
+    is the text stream's count at batch 8 (not a multiple of the GEMM's 128-row tiles)."""
+    why = _quack_ready()
+    if why:
+        pytest.skip(why)
+    import torch.nn.functional as F
+    from sd3cluster.quack_mlp import gelu_mlp_without_out_bias
+
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(2)
+    proj, out = torch.nn.Linear(256, 1024, device=device), torch.nn.Linear(1024, 256, device=device)
+    proj.to(torch.bfloat16), out.to(torch.bfloat16)
+    x = torch.randn(rows // 8, 8, 256, device=device, dtype=torch.bfloat16, generator=gen)
+    dout = torch.randn(rows // 8, 8, 256, device=device, dtype=torch.bfloat16, generator=gen)
+    params = [proj.weight, proj.bias, out.weight]
+
+    def reference():
+        xf = x.float().requires_grad_()
+        w1, b1, w2 = (p.detach().float().requires_grad_() for p in params)
+        y = F.linear(F.gelu(F.linear(xf, w1, b1), approximate="tanh"), w2)
+        return y, torch.autograd.grad((y * dout.float()).sum(), (xf, w1, b1, w2))
+
+    def run(fn):
+        xq = x.clone().requires_grad_()
+        y = fn(xq, proj, out)
+        grads = torch.autograd.grad((y.float() * dout.float()).sum(), (xq, *params))
+        return y.float(), [g.float() for g in grads]
+
+    y_ref, grads_ref = reference()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(gelu_mlp_without_out_bias)(x, proj, out)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    for fn in (gelu_mlp_without_out_bias, torch.compile(gelu_mlp_without_out_bias)):
+        y, grads = run(fn)
+        assert (y - y_ref).norm() / y_ref.norm() < 2e-2
+        for name, g, r in zip(["x", "w1", "b1", "w2"], grads, grads_ref, strict=True):
+            assert (g - r).norm() / r.norm() < 3e-2, name

@@ -220,17 +220,15 @@ def resolve_mlp(name: str, device: torch.device, half: bool, lora: bool) -> tupl
     return "quack", "quack (asked for)"
 
 
-def _fused_gelu_feed_forward(hidden_states: torch.Tensor, proj: nn.Linear, out: nn.Linear,
-                             out_bias: bool = True) -> torch.Tensor:
+def _fused_gelu_feed_forward(hidden_states: torch.Tensor, proj: nn.Linear, out: nn.Linear) -> torch.Tensor:
     """out(gelu_tanh(proj(x))) as two quack GEMMs: the GELU runs in the first GEMM's epilogue (which also keeps the
     pre-activation for the backward) and its gradient in the epilogue of the backward's GEMM, so no elementwise
-    kernel reads or writes the 4x-wide hidden activation. Half precision (autocast's dtype) like nn.Linear.
-    out_bias=False leaves out's bias to the caller."""
+    kernel reads or writes the 4x-wide hidden activation. Half precision (autocast's dtype) like nn.Linear."""
     from quack.mlp import mlp_func
 
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else hidden_states.dtype
     bias1 = proj.bias.to(dtype) if proj.bias is not None else None
-    bias2 = out.bias.to(dtype) if out.bias is not None and out_bias else None
+    bias2 = out.bias.to(dtype) if out.bias is not None else None
     return mlp_func(hidden_states, proj.weight, out.weight, "gelu_tanh_approx", bias1=bias1, bias2=bias2)
 
 
@@ -246,7 +244,9 @@ def feed_forward_deferring_out_bias(ff: nn.Module, hidden_states: torch.Tensor) 
     if not isinstance(ff, FeedForward) or len(net) != 3 or type(net[2]) is not nn.Linear or net[2].bias is None:
         return ff(hidden_states), None
     if getattr(ff, "quack_applies", lambda _: False)(hidden_states):
-        return _fused_gelu_feed_forward(hidden_states, net[0].proj, net[2], out_bias=False), net[2].bias
+        from .quack_mlp import gelu_mlp_without_out_bias  # the first bias's gradient in a GEMM's epilogue too
+
+        return gelu_mlp_without_out_bias(hidden_states, net[0].proj, net[2]), net[2].bias
     return F.linear(net[1](net[0](hidden_states)), net[2].weight), net[2].bias
 
 

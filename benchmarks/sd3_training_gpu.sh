@@ -6,9 +6,10 @@
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
 #     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [layout] [final1024] [final512]
 #     [chain] [ab] [fa4layout]
-# BASE: a second copy of the package's source, made here by
-#   rm -rf .gpubase && mkdir -p .gpubase && git archive REV workloads/src | tar -x -C .gpubase
-# and carried: part `ab` runs the optimized step from this tree and from BASE, one process each, both traced.
+# BASE: other commits' copies of the package's source, each made here by
+#   mkdir -p .gpubase/REV && git archive REV workloads/src | tar -x -C .gpubase/REV
+# and carried (.gpubase): part `ab` runs the optimized step from this tree and from each folder BASE names (spaces
+# between), one process each, all traced. SRC: the source the other parts run (default: this tree's).
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}" "${WHEELS:=.gpuwhl}" "${SITE:=/tmp/site}"
 mkdir -p "$OUT" "$SITE"
@@ -20,7 +21,7 @@ cp -a "$SITE.stage/." "$SITE/"
 # path with a site-packages folder in it: quack keys its kernel cache by the source of the functions an epilogue
 # calls, except for installed ones, which it knows by a "site-packages" in their file name.
 mkdir -p /tmp/bench-env && ln -sfn "$SITE" /tmp/bench-env/site-packages
-export PYTHONPATH="/tmp/bench-env/site-packages:/tmp/bench-env/site-packages/nvidia_cutlass_dsl/dsl_packages:$PWD/workloads/src"
+export PYTHONPATH="/tmp/bench-env/site-packages:/tmp/bench-env/site-packages/nvidia_cutlass_dsl/dsl_packages:${SRC:-$PWD/workloads/src}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; from sd3cluster.attention import fa4_import_problem as p; \
 print('torch', torch.__version__, 'fa4:', p() or 'imports')"
@@ -106,7 +107,9 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
             bench opt-512 sd3-medium:512:32:optimized ;;
   # one change against the tree it was made on (BASE), each step traced for the split and the kernel table
   ab) bench opt-1024 sd3-medium:1024:8:optimized --profile-steps 3
-      PYTHONPATH="${PYTHONPATH%:*}:$PWD/${BASE:?set BASE to the other tree, see the top}/workloads/src" \
-        bench base-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;
+      for base in ${BASE:?set BASE to the other trees, see the top}; do
+        PYTHONPATH="${PYTHONPATH%:*}:$PWD/$base/workloads/src" \
+          bench "base-$(basename "$base")-1024" sd3-medium:1024:8:optimized --profile-steps 3
+      done ;;
   *) echo "unknown part $p (the parts are listed at the top of $0)" >&2; exit 2 ;;
 esac; done; done

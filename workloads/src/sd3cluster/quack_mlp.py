@@ -51,9 +51,10 @@ def gelu_mlp_backward_op(dout: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, 
     dout_rows = _rows(dout).contiguous()
     result = dgelu_dbias_mod(dout_rows, w2, preact, tuned=True, dynamic_scheduler=True)
     dpreact, postact = result["D"], result["postact"]
-    dw2 = gemm(dout_rows.T, postact)
-    dx = gemm(dpreact, w1).view(x.shape)
-    dw1 = gemm(dpreact.T, _rows(x))
+    # as quack's own linear backward calls them (its tuned configurations are keyed by these arguments too)
+    dw2 = gemm(dout_rows.T, postact, dynamic_scheduler=True)
+    dx = gemm(dpreact, w1, dynamic_scheduler=True).view(x.shape)
+    dw1 = gemm(dpreact.T, _rows(x), dynamic_scheduler=True)
     return dx, dw1, result["dbias"].reshape(w1.shape[0]).float(), dw2
 
 

@@ -5,7 +5,7 @@
 # results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
 #     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [layout] [final1024] [final512]
-#     [chain] [ab] [fa4layout]
+#     [chain] [ab] [fa4layout] [ref1024]
 # BASE: other commits' copies of the package's source, each made here by
 #   mkdir -p .gpubase/REV && git archive REV workloads/src | tar -x -C .gpubase/REV
 # and carried (.gpubase): part `ab` runs the optimized step from this tree and from each folder BASE names (spaces
@@ -51,6 +51,7 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
         bench opt-1024 sd3-medium:1024:8:optimized
         bench opt-cudnn-1024 sd3-medium:1024:8:optimized:attn=cudnn ;;
   train) train_run ;;
+  ref1024) bench ref-1024 sd3-medium:1024:8:reference ;;
   512) bench ref-512 sd3-medium:512:32:reference
        bench opt-512 sd3-medium:512:32:optimized ;;
   split) bench split-1024 sd3-medium:1024:8:optimized --profile-steps 3 ;;

@@ -14,6 +14,7 @@ each kernel family (attention, GEMM, fused Triton kernels, optimizer, other) and
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads" / "src"))
+if importlib.util.find_spec("sd3cluster") is None:  # a checkout's source, unless PYTHONPATH names another tree
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads" / "src"))
 
 from cuda_timing import time_cuda
 from sd3cluster.bench import BenchResult, Variant, format_table, run_variant

@@ -6,7 +6,9 @@ from sd3cluster.models import (
     example_inputs,
     forward_flops,
     fuse_qkv,
+    stream_ends_in_compute_dtype,
 )
+from sd3cluster.parallel import apply_compile
 
 
 def test_a_preset_whose_size_drifts_stops_the_build(monkeypatch: pytest.MonkeyPatch):
@@ -31,6 +33,42 @@ def test_fused_qkv_computes_the_same_function():
         after = model(**inputs, return_dict=False)[0]
     assert not hasattr(model.transformer_blocks[0].attn, "to_q")
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_the_stream_ends_hand_on_autocasts_dtype_and_compile_with_the_blocks_to_the_same_values():
+    """apply_compile compiles the patch embedding and the final norm besides the blocks; under bf16 autocast the
+    final norm's result is already bf16 (proj_out's input cast, moved into the compiled graph), outside it fp32 as
+    before; outputs and gradients equal the eager model's within bf16 rounding, and neither end breaks its graph."""
+    import copy
+
+    torch.manual_seed(0)
+    eager = build_transformer("tiny")
+    compiled = copy.deepcopy(eager)
+    ends = stream_ends_in_compute_dtype(compiled)
+    assert [type(m).__name__ for m in ends] == ["PatchEmbed", "ComputeDtypeAdaLayerNormContinuous"]
+    assert stream_ends_in_compute_dtype(compiled) == ends  # a second call changes nothing
+    x, temb = torch.randn(2, 16, 16), torch.randn(2, 16)
+    assert compiled.norm_out(x, temb).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compiled.norm_out(x, temb).dtype == torch.bfloat16
+        assert eager.norm_out(x, temb).dtype == torch.float32  # what proj_out's autocast cast before
+        for end, args in ((compiled.pos_embed, (torch.randn(2, 16, 8, 8),)), (compiled.norm_out, (x, temb))):
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(end)(*args)
+            assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    torch._dynamo.reset()
+    apply_compile(compiled)
+    inputs = example_inputs("tiny", 2, 64, 8, "cpu")
+    results = []
+    for model in (eager, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(**inputs, return_dict=False)[0]
+        out.float().square().mean().backward()
+        results.append((out.float(), {n: p.grad for n, p in model.named_parameters()}))
+    (out_e, grads_e), (out_c, grads_c) = results
+    torch.testing.assert_close(out_c, out_e, rtol=2e-2, atol=2e-2)
+    for name in ("pos_embed.proj.weight", "norm_out.linear.weight", "proj_out.weight"):
+        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=5e-2, atol=5e-3)
 
 
 def test_forward_flops_sd3_medium_1024():

@@ -24,8 +24,9 @@ class ModelConfig(_Section):
     preset: Literal["tiny", "sd3-medium", "sd35-medium", "sd35-large"] = "tiny"
     pretrained: Path | None = Field(None, description="local diffusers folder (transformer/ or the model itself)")
     fuse_qkv: bool = Field(True, description="one projection for q, k and v (and for the context's)")
-    compile: bool = Field(True, description="torch.compile every transformer block (CUDA only; the first step "
-                          "compiles, about 20 s for SD3-medium)")
+    compile: bool = Field(True, description="torch.compile every transformer block and the image stream's ends "
+                          "outside them (patch embedding, final norm; CUDA only; the first step compiles, about 20 s "
+                          "for SD3-medium)")
     attention: Literal["auto", "fa4", "cudnn", "flash", "sdpa"] = Field(
         "auto", description="attention kernel of the fused q/k/v model: fa4 (FlashAttention-4, sm90+, `pip install "
         "'sd3cluster[fa4]'`), cudnn, flash (PyTorch's FlashAttention-2), sdpa (PyTorch's dispatch); auto: fa4 on "

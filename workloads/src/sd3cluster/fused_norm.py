@@ -13,7 +13,8 @@ backward likewise writes the branch's gradient and sums the gate's as it goes.
 The output projections of the attention and of the feed-forward leave their biases to these kernels (the residual
 adds `gate * (branch + bias)`): the bias's gradient is the sum of the branch's gradient over tokens and samples,
 which the kernels sum in the pass that writes it, where the projection's backward would read that whole gradient
-once more for it (0.74 and about 0.5 ms a step of SD3-medium at 1024^2 on an H200, benchmarks/sd3_training.md run 16).
+once more for it (the attention output bias's sum alone took 0.74 ms a step of SD3-medium at 1024^2 on an H200,
+benchmarks/sd3_training.md run 16).
 
 The kernels run on CUDA (and on the CPU under Triton's interpreter, TRITON_INTERPRET=1, which the tests use). Each
 is a PyTorch custom op with its backward, so torch.compile keeps a block in one graph around them.
@@ -257,7 +258,7 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
                                     dx, dbranch, partial, tokens, channels, mod_stride, parts, batch, GATED=gated,
                                     HAS_BIAS=bias is not None, HAS_DH=dh is not None, SEQ_FIRST=seq_first, ROWS=rows,
                                     **_launch_options(channels))
-    # the per-sample sums in one launch: (2, 3 or 4, batch, channels), shift's, scale's (gate's, dx's) as above
+    # the per-sample sums in one launch: (planes, batch, channels), the shift's, scale's (gate's, dx's) as above
     return dx, dbranch, partial[:planes].sum(dim=2)
 
 

@@ -279,6 +279,39 @@ def fuse_mlp(model: nn.Module) -> int:
     return fused
 
 
+@functools.cache
+def _compute_dtype_final_norm() -> type:
+    """diffusers' AdaLayerNormContinuous, its result in autocast's dtype where autocast is on (defined on first
+    use, as diffusers is imported late)."""
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    class ComputeDtypeAdaLayerNormContinuous(AdaLayerNormContinuous):
+        def forward(self, x: torch.Tensor, conditioning_embedding: torch.Tensor) -> torch.Tensor:
+            out = super().forward(x, conditioning_embedding)
+            if torch.is_autocast_enabled(out.device.type):
+                return out.to(torch.get_autocast_dtype(out.device.type))
+            return out
+
+    return ComputeDtypeAdaLayerNormContinuous
+
+
+def stream_ends_in_compute_dtype(model: nn.Module) -> list[nn.Module]:
+    """The image stream's two ends outside the transformer blocks, for torch.compile (parallel.apply_compile): the
+    patch embedding with its positions, and the final adaLN norm, which from here on hands proj_out its result in
+    autocast's dtype (the cast proj_out's autocast made anyway, so the values are the same). Eager, under bf16
+    autocast, each end is a chain of stream-sized kernels: the positions added in fp32 and cast back, the final
+    LayerNorm, modulation and cast in fp32, and their gradients cast each way (in the kernel tables of
+    benchmarks/sd3_training.md run 16: PyTorch's layer_norm kernels and bf16 copies, absent where these ends are
+    compiled). Returns the modules found (none for a transformer without those diffusers modules)."""
+    from diffusers.models.embeddings import PatchEmbed
+
+    final_norm = _compute_dtype_final_norm()
+    pos_embed, norm_out = getattr(model, "pos_embed", None), getattr(model, "norm_out", None)
+    if type(norm_out) is final_norm.__base__:
+        norm_out.__class__ = final_norm
+    return [m for m, kind in ((pos_embed, PatchEmbed), (norm_out, final_norm)) if type(m) is kind]
+
+
 def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
     first = parts[0]
     fused = nn.Linear(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None,

@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .dist import Runtime
+from .models import stream_ends_in_compute_dtype
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
@@ -15,7 +16,8 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 
 
 def apply_compile(model: nn.Module) -> None:
-    """Compile each transformer block. Plain blocks share one compilation; FSDP2-wrapped ones are guarded one by
+    """Compile each transformer block, and the image stream's two ends outside them
+    (models.stream_ends_in_compute_dtype). Plain blocks share one compilation; FSDP2-wrapped ones are guarded one by
     one, so the recompile limit is raised to the block count (else dynamo falls back to eager, which breaks
     activation checkpointing's recompute)."""
     from torch import _dynamo
@@ -24,6 +26,8 @@ def apply_compile(model: nn.Module) -> None:
     _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, blocks + 8)
     for block in model.transformer_blocks:
         block.compile()
+    for module in stream_ends_in_compute_dtype(model):
+        module.compile()
 
 
 def apply_fsdp(model: nn.Module, rt: Runtime, bf16: bool, cpu_offload: bool = False) -> nn.Module:

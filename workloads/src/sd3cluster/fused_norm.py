@@ -35,7 +35,12 @@ from torch import nn
 
 from .errors import UserError
 from .kernel_choice import choose_kernel, triton_import_problem
-from .models import feed_forward_deferring_out_bias, joint_attention_sequence_first, sequence_first_backend
+from .models import (
+    feed_forward_deferring_out_bias,
+    joint_attention_sequence_first,
+    linear_compute_dtype,
+    sequence_first_backend,
+)
 
 
 def backward_rows(rows: int) -> int:
@@ -354,6 +359,12 @@ def _(dout, branch, gate, seq_first):
                                                             dtype=torch.float32)
 
 
+def _bias_gradient(gate: torch.Tensor, sum_over_tokens: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The gradient of a bias added inside `gate * (branch + bias)`: the incoming gradient's per-sample sums over
+    tokens (batch, channels), times the gate, summed over the samples."""
+    return (gate.float() * sum_over_tokens).sum(0).to(bias.dtype)
+
+
 def _residual_setup(ctx, inputs, output) -> None:
     _h, branch, gate, bias, ctx.seq_first = inputs
     ctx.save_for_backward(branch, gate, bias)
@@ -366,7 +377,7 @@ def _residual_backward_autograd(ctx, dout):
     sum_dout, sum_dout_branch = sums[0], sums[1]
     # d gate = sum_t dout * (branch + bias); d bias = sum over samples and tokens of gate * dout
     dgate = sum_dout_branch + bias.float() * sum_dout if ctx.has_bias else sum_dout_branch
-    dbias = (gate.float() * sum_dout).sum(0).to(bias.dtype) if ctx.has_bias else None
+    dbias = _bias_gradient(gate, sum_dout, bias) if ctx.has_bias else None
     return dout, dbranch, dgate.to(gate.dtype), dbias, None
 
 
@@ -425,7 +436,7 @@ def _gated_backward(ctx, dh, dy, _dmean, _drstd):
     dx, dbranch, sums = gated_adaln_backward_op(dh, dy, x, branch, gate, bias, scale, mean, rstd, ctx.seq_first)
     gate_dtype, shift_dtype, scale_dtype = ctx.dtypes
     # the bias's gradient: the branch's (gate * dx) summed over tokens and samples
-    dbias = (gate.float() * sums[3]).sum(0).to(bias.dtype) if bias is not None else None
+    dbias = _bias_gradient(gate, sums[3], bias) if bias is not None else None
     return (dx, dbranch, sums[2].to(gate_dtype), dbias, sums[0].to(shift_dtype), sums[1].to(scale_dtype), None,
             None, None)
 
@@ -434,16 +445,11 @@ adaln_op.register_autograd(_adaln_backward, setup_context=_adaln_setup)
 gated_adaln_op.register_autograd(_gated_backward, setup_context=_gated_setup)
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """What the normalised rows feed: a linear layer, which under autocast computes in autocast's dtype."""
-    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-
-
 def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
           seq_first: bool = False) -> torch.Tensor:
     """LayerNorm(x) * (1 + scale) + shift (no affine parameters; shift and scale per sample), in the dtype its
     consumer uses. x is (batch, tokens, channels), or (tokens, batch, channels) when seq_first."""
-    return adaln_op(x, shift, scale, eps, _compute_dtype(x), seq_first)[0]
+    return adaln_op(x, shift, scale, eps, linear_compute_dtype(x), seq_first)[0]
 
 
 def gated_adaln(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
@@ -452,7 +458,7 @@ def gated_adaln(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, shift
     """(h, adaln(h, shift, scale)) with h = x + gate * (branch + bias): the residual update and the next norm. The
     bias is the attention's output projection's where the block leaves it here: its gradient is summed in the pass
     that writes the branch's, where the projection's backward would read the whole branch gradient again."""
-    h, y, _, _ = gated_adaln_op(x, branch, gate, bias, shift, scale, eps, _compute_dtype(x), seq_first)
+    h, y, _, _ = gated_adaln_op(x, branch, gate, bias, shift, scale, eps, linear_compute_dtype(x), seq_first)
     return h, y
 
 

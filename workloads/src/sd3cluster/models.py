@@ -165,14 +165,15 @@ def joint_attention_sequence_first(attn: nn.Module, image: torch.Tensor, context
     plain = all(type(p) is nn.Linear for p in projections)  # LoRA's and float8's linears keep their forward
     if plain:  # each GEMM writes its rows of the joined tensor (row_blocks), no copy joins or splits them
         dtype = image.dtype  # the adaLN kernels' output: autocast's dtype where it is on
-        weights = [(p.weight.to(dtype), p.bias.to(dtype) if p.bias is not None else None) for p in projections]
-        qkv = joined_linear(image, context, *weights[0], *weights[1])
+        weights = [p.weight.to(dtype) for p in projections]
+        biases = [p.bias.to(dtype) if p.bias is not None else None for p in projections[:2]]
+        qkv = joined_linear(image, context, weights[0], biases[0], weights[1], biases[1])
     else:
         qkv = torch.cat([attn.to_qkv(image), attn.to_added_qkv(context)])
     out = packed_attention(qkv.view(qkv.shape[0], batch, 3, attn.heads, -1), backend).flatten(2)
     if plain:
         # the biases as the parameters they are: the fused norm adds them in fp32 and hands back their gradients
-        return (*split_linear(out, n_img, weights[2][0], None, weights[3][0], None), attn.to_out[0].bias,
+        return (*split_linear(out, n_img, weights[2], None, weights[3], None), attn.to_out[0].bias,
                 attn.to_add_out.bias)
     return attn.to_out[0](out[:n_img]), attn.to_add_out(out[n_img:]), None, None
 
@@ -220,13 +221,18 @@ def resolve_mlp(name: str, device: torch.device, half: bool, lora: bool) -> tupl
     return "quack", "quack (asked for)"
 
 
+def linear_compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a CUDA linear layer computes x in: autocast's where it is on, else x's own."""
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+
+
 def _fused_gelu_feed_forward(hidden_states: torch.Tensor, proj: nn.Linear, out: nn.Linear) -> torch.Tensor:
     """out(gelu_tanh(proj(x))) as two quack GEMMs: the GELU runs in the first GEMM's epilogue (which also keeps the
     pre-activation for the backward) and its gradient in the epilogue of the backward's GEMM, so no elementwise
     kernel reads or writes the 4x-wide hidden activation. Half precision (autocast's dtype) like nn.Linear."""
     from quack.mlp import mlp_func
 
-    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else hidden_states.dtype
+    dtype = linear_compute_dtype(hidden_states)
     bias1 = proj.bias.to(dtype) if proj.bias is not None else None
     bias2 = out.bias.to(dtype) if out.bias is not None else None
     return mlp_func(hidden_states, proj.weight, out.weight, "gelu_tanh_approx", bias1=bias1, bias2=bias2)

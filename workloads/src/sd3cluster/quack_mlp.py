@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .models import linear_compute_dtype
+
 _GELU = "gelu_tanh_approx"
 
 
@@ -83,7 +85,7 @@ gelu_mlp_op.register_autograd(_backward, setup_context=_setup)
 
 def gelu_mlp_without_out_bias(x: torch.Tensor, proj: torch.nn.Linear, out: torch.nn.Linear) -> torch.Tensor:
     """out(gelu_tanh(proj(x))) less out's bias, in half precision (autocast's dtype where it is on) like nn.Linear."""
-    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else x.dtype
+    dtype = linear_compute_dtype(x)
     b1 = proj.bias.to(dtype) if proj.bias is not None else None
     with torch.autocast("cuda", enabled=False):
         return gelu_mlp_op(x.to(dtype).contiguous(), proj.weight.to(dtype), b1, out.weight.to(dtype))[0]

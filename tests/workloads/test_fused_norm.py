@@ -105,6 +105,29 @@ def test_gated_residual_equals_torch_with_its_gradients(with_bias, seq_first):
 
 
 @interpreter
+@pytest.mark.parametrize("seq_first", [False, True], ids=["batch_first", "seq_first"])
+def test_backward_ops_fake_shapes_equal_the_kernels_partial_sums(seq_first):
+    """The backward ops hand back their per-program partial sums (summed outside, in the compiled backward): the
+    shapes a compiled graph plans with (the fake implementations) equal what the kernels write, at tokens where
+    the last program's rows run past the end."""
+    x, branch, gate, shift, scale = _inputs(True)
+    if seq_first:
+        x, branch = x.transpose(0, 1).contiguous(), branch.transpose(0, 1).contiguous()
+    x, branch, gate, scale = (t.detach() for t in (x, branch, gate, scale))
+    bias = torch.randn(x.shape[-1], dtype=x.dtype)
+    _, _, mean, rstd = torch.ops.sd3cluster.gated_adaln(x, branch, gate, bias, shift.detach(), scale, 1e-6, x.dtype,
+                                                        seq_first)
+    dy = torch.randn_like(x)
+    ops = [(torch.ops.sd3cluster.adaln_backward, (dy, x, scale, mean, rstd, seq_first)),
+           (torch.ops.sd3cluster.gated_adaln_backward, (dy, dy, x, branch, gate, bias, scale, mean, rstd, seq_first)),
+           (torch.ops.sd3cluster.gated_residual_backward, (dy, branch, gate, seq_first))]
+    for op, args in ops:
+        *_, partial = op(*args)
+        assert partial.shape[1:] == (2, fused_norm.backward_parts(2, 37), 48), op
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@interpreter
 def test_kernels_read_the_modulation_chunks_in_place():
     """Shift, scale and gate as chunks of one (batch, 3 x channels) tensor, as a joint block's modulation hands them
     (read with their row stride, not copied), and one of them copied (strides differ: all copied): the same results

@@ -50,6 +50,11 @@ def backward_rows(rows: int) -> int:
     return 32 if rows >= 16384 else 8
 
 
+def backward_parts(batch: int, tokens: int) -> int:
+    """The backward programs along one sample's tokens, each writing one partial sum per plane."""
+    return -(-tokens // backward_rows(batch * tokens))
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -249,7 +254,7 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
     batch, tokens, channels = _dims(x, seq_first)
     gated = branch is not None
     rows = backward_rows(batch * tokens)
-    parts = -(-tokens // rows)
+    parts = backward_parts(batch, tokens)
     x, dy = x.contiguous(), dy.contiguous()  # the kernel walks rows of `channels` elements
     branch = branch.contiguous() if gated else None
     dx = torch.empty_like(x)
@@ -263,8 +268,7 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
                                     dx, dbranch, partial, tokens, channels, mod_stride, parts, batch, GATED=gated,
                                     HAS_BIAS=bias is not None, HAS_DH=dh is not None, SEQ_FIRST=seq_first, ROWS=rows,
                                     **_launch_options(channels))
-    # the per-sample sums in one launch: (planes, batch, channels), the shift's, scale's (gate's, dx's) as above
-    return dx, dbranch, partial[:planes].sum(dim=2)
+    return dx, dbranch, partial
 
 
 def _residual_forward(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None,
@@ -284,14 +288,14 @@ def _residual_backward(dout: torch.Tensor, branch: torch.Tensor, gate: torch.Ten
                        seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, tokens, channels = _dims(branch, seq_first)
     rows = backward_rows(batch * tokens)
-    parts = -(-tokens // rows)
+    parts = backward_parts(batch, tokens)
     dout, branch = dout.contiguous(), branch.contiguous()
     dbranch = torch.empty_like(branch)
     partial = torch.empty((2, batch, parts, channels), device=dout.device, dtype=torch.float32)
     (gate,), mod_stride = _per_sample(gate)
     _kernels()[3][(batch, parts)](dout, branch, gate, dbranch, partial, tokens, channels, mod_stride, parts, batch,
                                   SEQ_FIRST=seq_first, ROWS=rows, **_launch_options(channels))
-    return dbranch, partial.sum(dim=2)
+    return dbranch, partial
 
 
 # -- custom ops ---------------------------------------------------------------------------------------------------
@@ -318,18 +322,20 @@ def gated_adaln_op(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor, bi
 def adaln_backward_op(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor,
                       rstd: torch.Tensor, seq_first: bool,
                       dh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, sums): sums (2, batch, channels) fp32 holds dshift and dscale, the sums over tokens. dh: a gradient of x
-    from elsewhere, added to dx in the same pass (fused_norm_pass puts the residual's there)."""
-    dx, _, sums = _backward(dy, dh, x, None, None, None, scale, mean, rstd, seq_first)
-    return dx, sums
+    """(dx, partial): partial (2, batch, parts, channels) fp32 holds dshift's and dscale's partial sums over tokens
+    (see _summed). dh: a gradient of x from elsewhere, added to dx in the same pass (fused_norm_pass puts the
+    residual's there)."""
+    dx, _, partial = _backward(dy, dh, x, None, None, None, scale, mean, rstd, seq_first)
+    return dx, partial
 
 
 @torch.library.custom_op("sd3cluster::gated_adaln_backward", mutates_args=())
 def gated_adaln_backward_op(dh: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, branch: torch.Tensor,
                             gate: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor, mean: torch.Tensor,
                             rstd: torch.Tensor, seq_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dbranch, sums): dx = dh + the norm's gradient (x, h and the residual share it); sums (3, batch,
-    channels) fp32 holds dshift, dscale and dgate, with a bias (4, ...) and the sums of dx over tokens last."""
+    """(dx, dbranch, partial): dx = dh + the norm's gradient (x, h and the residual share it); partial (3, batch,
+    parts, channels) fp32 holds the partial sums of dshift, dscale and dgate, with a bias (4, ...) and those of dx
+    last."""
     return _backward(dy, dh, x, branch, gate, bias, scale, mean, rstd, seq_first)
 
 
@@ -343,8 +349,8 @@ def gated_residual_op(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor,
 @torch.library.custom_op("sd3cluster::gated_residual_backward", mutates_args=())
 def gated_residual_backward_op(dout: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor,
                                seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dbranch, sums): dbranch = gate * dout; sums (2, batch, channels) fp32 holds the sums over tokens of dout
-    and of dout * branch, from which the gate's and the bias's gradients follow."""
+    """(dbranch, partial): dbranch = gate * dout; partial (2, batch, parts, channels) fp32 holds the partial sums over
+    tokens of dout and of dout * branch, from which the gate's and the bias's gradients follow."""
     return _residual_backward(dout, branch, gate, seq_first)
 
 
@@ -355,8 +361,20 @@ def _(h, branch, gate, bias, seq_first):
 
 @gated_residual_backward_op.register_fake
 def _(dout, branch, gate, seq_first):
-    return branch.new_empty(branch.shape), branch.new_empty((2, gate.shape[0], branch.shape[2]),
-                                                            dtype=torch.float32)
+    return branch.new_empty(branch.shape), _partial(2, branch, seq_first)
+
+
+def _partial(planes: int, x: torch.Tensor, seq_first: bool) -> torch.Tensor:
+    batch, tokens, channels = _dims(x, seq_first)
+    return x.new_empty((planes, batch, backward_parts(batch, tokens), channels), dtype=torch.float32)
+
+
+def _summed(partial: torch.Tensor) -> torch.Tensor:
+    """The per-sample sums over tokens, (planes, batch, channels), from a backward kernel's partial sums. Outside the
+    custom ops so that a compiled backward sums them in the kernel that also casts them and computes what follows
+    from them (the gate's and the bias's gradients), not in a reduce launch of its own (one per norm, 144 a step of
+    SD3-medium)."""
+    return partial.sum(dim=2)
 
 
 def _bias_gradient(gate: torch.Tensor, sum_over_tokens: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -373,7 +391,8 @@ def _residual_setup(ctx, inputs, output) -> None:
 
 def _residual_backward_autograd(ctx, dout):
     branch, gate, bias = ctx.saved_tensors
-    dbranch, sums = gated_residual_backward_op(dout, branch, gate, ctx.seq_first)
+    dbranch, partial = gated_residual_backward_op(dout, branch, gate, ctx.seq_first)
+    sums = _summed(partial)
     sum_dout, sum_dout_branch = sums[0], sums[1]
     # d gate = sum_t dout * (branch + bias); d bias = sum over samples and tokens of gate * dout
     dgate = sum_dout_branch + bias.float() * sum_dout if ctx.has_bias else sum_dout_branch
@@ -400,13 +419,12 @@ def _(x, branch, gate, bias, shift, scale, eps, out_dtype, seq_first):
 
 @adaln_backward_op.register_fake
 def _(dy, x, scale, mean, rstd, seq_first, dh=None):
-    return x.new_empty(x.shape), x.new_empty((2, _dims(x, seq_first)[0], x.shape[2]), dtype=torch.float32)
+    return x.new_empty(x.shape), _partial(2, x, seq_first)
 
 
 @gated_adaln_backward_op.register_fake
 def _(dh, dy, x, branch, gate, bias, scale, mean, rstd, seq_first):
-    return (x.new_empty(x.shape), branch.new_empty(branch.shape),
-            x.new_empty((3 + (bias is not None), _dims(x, seq_first)[0], x.shape[2]), dtype=torch.float32))
+    return x.new_empty(x.shape), branch.new_empty(branch.shape), _partial(3 + (bias is not None), x, seq_first)
 
 
 def _adaln_setup(ctx, inputs, output) -> None:
@@ -419,7 +437,8 @@ def _adaln_setup(ctx, inputs, output) -> None:
 
 def _adaln_backward(ctx, dy, _dmean, _drstd):
     x, scale, mean, rstd = ctx.saved_tensors
-    dx, sums = adaln_backward_op(dy, x, scale, mean, rstd, ctx.seq_first)
+    dx, partial = adaln_backward_op(dy, x, scale, mean, rstd, ctx.seq_first)
+    sums = _summed(partial)
     return dx, sums[0].to(ctx.dtypes[0]), sums[1].to(ctx.dtypes[1]), None, None, None
 
 
@@ -433,7 +452,8 @@ def _gated_setup(ctx, inputs, output) -> None:
 
 def _gated_backward(ctx, dh, dy, _dmean, _drstd):
     x, branch, gate, bias, scale, mean, rstd = ctx.saved_tensors
-    dx, dbranch, sums = gated_adaln_backward_op(dh, dy, x, branch, gate, bias, scale, mean, rstd, ctx.seq_first)
+    dx, dbranch, partial = gated_adaln_backward_op(dh, dy, x, branch, gate, bias, scale, mean, rstd, ctx.seq_first)
+    sums = _summed(partial)
     gate_dtype, shift_dtype, scale_dtype = ctx.dtypes
     # the bias's gradient: the branch's (gate * dx) summed over tokens and samples
     dbias = _bias_gradient(gate, sums[3], bias) if bias is not None else None

@@ -6,6 +6,8 @@ This times, alone and in one process, forward and backward of:
 - `contiguous`: q, k, v, out and their gradients as separate (batch, tokens, heads, head_dim) tensors;
 - `packed`: the step's layout, q/k/v interleaved in one (tokens, batch, 3, heads, head_dim) tensor read and written
   through strided views (sd3cluster.attention.fa4_attention_packed);
+- `packed batch-first`: q/k/v interleaved in one (batch, tokens, 3, heads, head_dim) tensor (a token's rows 3x
+  closer than contiguous ones, 8x closer than the step's), which tells whether the step's token stride costs;
 and the forward at other tile sizes than flash-attn-4's hdim-64 choice (192 x 128) on the packed layout, each
 checked against the default's output. GPU (sm90) only:
 
@@ -67,6 +69,20 @@ def main() -> int:
     report("backward packed", time_cuda(lambda: _flash_attn_bwd(*views, out_seq.transpose(0, 1),
                                                                 dout_seq.transpose(0, 1), lse_p, dq=dviews[0],
                                                                 dk=dviews[1], dv=dviews[2]), args.iters) * 1e3,
+           2.5 * fwd_flops)
+    # packed batch-first: interleaved like the step's, with the contiguous layout's order of tokens and samples
+    packed_b = packed.transpose(0, 1).contiguous()
+    views_b = [packed_b[:, :, i] for i in range(3)]
+    dpacked_b = torch.empty_like(packed_b)
+    dviews_b = [dpacked_b[:, :, i] for i in range(3)]
+    out_b = torch.empty_like(out_c)
+    _, lse_b, *_ = _flash_attn_fwd(*views_b, out=out_b, return_lse=True)
+    torch.testing.assert_close(out_b, out_c)
+    report("forward packed batch-first",
+           time_cuda(lambda: _flash_attn_fwd(*views_b, out=out_b, return_lse=True), args.iters) * 1e3, fwd_flops)
+    report("backward packed batch-first", time_cuda(lambda: _flash_attn_bwd(*views_b, out_b, dout_c, lse_b,
+                                                                            dq=dviews_b[0], dk=dviews_b[1],
+                                                                            dv=dviews_b[2]), args.iters) * 1e3,
            2.5 * fwd_flops)
     # the forward's tiles on the packed layout
     reference = out_seq.float()

@@ -6,8 +6,9 @@ and scale per sample, and before the second norm `x = x + gate * attention_outpu
 two-pass reduction over each 1536-wide row in the forward, and in the backward a LayerNorm gradient plus separate
 reductions over the tokens for the shift, scale and gate gradients, each reading the activations again. Here the
 forward reads a row once and writes the residual, the normalised row and its statistics; the backward reads each
-row once, writes dx (and the branch's gradient) and keeps the per-sample sums of its rows in registers, which a
-small second pass adds up. The block's last update, `x + gate * feed_forward_output`, is `gated_residual`, whose
+row once, writes dx (and the branch's gradient) and keeps the per-sample sums of its rows in registers; the ops
+hand back those partial sums and the autograd formulas add them up, so that in a compiled backward Inductor does it
+in the kernel that also casts them and forms the gate's and bias's gradients (not in a reduce launch per norm). The block's last update, `x + gate * feed_forward_output`, is `gated_residual`, whose
 backward likewise writes the branch's gradient and sums the gate's as it goes.
 
 The output projections of the attention and of the feed-forward leave their biases to these kernels (the residual

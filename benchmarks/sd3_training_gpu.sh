@@ -106,10 +106,12 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
              bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch ;;
   final512) bench ref-512 sd3-medium:512:32:reference
             bench opt-512 sd3-medium:512:32:optimized ;;
-  # one change against the tree it was made on (BASE), each step traced for the split and the kernel table
+  # one change against the tree it was made on (BASE), each step traced for the split and the kernel table. Each
+  # tree compiles into its own Inductor cache: trees before parallel.tag_compile_caches would be handed this tree's
+  # cached graphs, planned with its custom ops' output shapes (run 17's first try failed so).
   ab) bench opt-1024 sd3-medium:1024:8:optimized --profile-steps 3
       for base in ${BASE:?set BASE to the other trees, see the top}; do
-        PYTHONPATH="${PYTHONPATH%:*}:$PWD/$base/workloads/src" \
+        PYTHONPATH="${PYTHONPATH%:*}:$PWD/$base/workloads/src" TORCHINDUCTOR_CACHE_DIR="/tmp/inductor-$(basename "$base")" \
           bench "base-$(basename "$base")-1024" sd3-medium:1024:8:optimized --profile-steps 3
       done ;;
   *) echo "unknown part $p (the parts are listed at the top of $0)" >&2; exit 2 ;;

@@ -71,6 +71,28 @@ def test_the_stream_ends_hand_on_autocasts_dtype_and_compile_with_the_blocks_to_
         torch.testing.assert_close(grads_c[name], grads_e[name], rtol=5e-2, atol=5e-3)
 
 
+def test_compile_caches_are_keyed_by_the_custom_ops_sources(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """apply_compile tags torch.compile's caches with a hash of the custom ops' modules: a changed module gives
+    another tag, a second call replaces its own tag instead of adding one, and a tag of the user's stays."""
+    import shutil
+
+    from sd3cluster import parallel
+
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "users-tag")
+    apply_compile(build_transformer("tiny"))
+    first = parallel.tag_compile_caches()
+    assert torch.compiler.config.cache_key_tag == f"users-tag,{first}"
+    for name in parallel.CUSTOM_OP_MODULES:  # the same sources elsewhere: the same tag
+        shutil.copy(parallel.Path(parallel.__file__).parent / f"{name}.py", tmp_path)
+    monkeypatch.setattr(parallel, "__file__", str(tmp_path / "parallel.py"))
+    assert parallel.tag_compile_caches() == first
+    with open(tmp_path / "fused_norm.py", "a") as changed:
+        changed.write("\n# another version\n")
+    second = parallel.tag_compile_caches()
+    assert second != first and second.startswith("sd3cluster-ops-")
+    assert torch.compiler.config.cache_key_tag == f"users-tag,{second}"
+
+
 def test_forward_flops_sd3_medium_1024():
     flops = forward_flops("sd3-medium", 1, 1024, 154)
     assert 8.0e12 < flops < 9.0e12  # about 25 TFLOP per image per training step (x3)

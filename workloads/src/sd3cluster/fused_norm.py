@@ -8,8 +8,9 @@ reductions over the tokens for the shift, scale and gate gradients, each reading
 forward reads a row once and writes the residual, the normalised row and its statistics; the backward reads each
 row once, writes dx (and the branch's gradient) and keeps the per-sample sums of its rows in registers; the ops
 hand back those partial sums and the autograd formulas add them up, so that in a compiled backward Inductor does it
-in the kernel that also casts them and forms the gate's and bias's gradients (not in a reduce launch per norm). The block's last update, `x + gate * feed_forward_output`, is `gated_residual`, whose
-backward likewise writes the branch's gradient and sums the gate's as it goes.
+in the kernel that also casts them and forms the gate's and bias's gradients (not in a reduce launch per norm).
+The block's last update, `x + gate * feed_forward_output`, is `gated_residual`, whose backward likewise writes the
+branch's gradient and sums the gate's as it goes.
 
 The output projections of the attention and of the feed-forward leave their biases to these kernels (the residual
 adds `gate * (branch + bias)`): the bias's gradient is the sum of the branch's gradient over tokens and samples,

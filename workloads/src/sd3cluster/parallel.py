@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -22,12 +25,34 @@ def apply_compile(model: nn.Module) -> None:
     activation checkpointing's recompute)."""
     from torch import _dynamo
 
+    tag_compile_caches()
     blocks = len(model.transformer_blocks)
     _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, blocks + 8)
     for block in model.transformer_blocks:
         block.compile()
     for module in stream_ends_in_compute_dtype(model):
         module.compile()
+
+
+# The modules that define the custom ops a compiled block calls (and the graph pass fuse_norms installs).
+CUSTOM_OP_MODULES = ("attention", "fused_norm", "fused_norm_pass", "quack_mlp", "row_blocks")
+_TAG_PREFIX = "sd3cluster-ops-"
+
+
+def tag_compile_caches() -> str:
+    """Key torch.compile's on-disk caches (Inductor's graphs, AOTAutograd's) by the source of this package's custom
+    ops too, through torch.compiler.config.cache_key_tag, keeping any tag of the user's. Those caches know a custom
+    op by its name only: a graph planned with one version's shapes of an op's outputs (its fake implementation)
+    would otherwise be handed to another version, whose op returns other shapes (an AssertionError at the first
+    step after an upgrade: benchmarks/sd3_training.md run 17 met it). Returns the tag."""
+    digest = hashlib.sha256()
+    for name in CUSTOM_OP_MODULES:
+        digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    ours = _TAG_PREFIX + digest.hexdigest()[:16]
+    config = torch.compiler.config
+    kept = [part for part in config.cache_key_tag.split(",") if part and not part.startswith(_TAG_PREFIX)]
+    config.cache_key_tag = ",".join([*kept, ours])
+    return ours
 
 
 def apply_fsdp(model: nn.Module, rt: Runtime, bf16: bool, cpu_offload: bool = False) -> nn.Module:

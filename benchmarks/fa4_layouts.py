@@ -8,6 +8,9 @@ This times, alone and in one process, forward and backward of:
   through strided views (sd3cluster.attention.fa4_attention_packed);
 - `packed batch-first`: q/k/v interleaved in one (batch, tokens, 3, heads, head_dim) tensor (a token's rows 3x
   closer than contiguous ones, 8x closer than the step's), which tells whether the step's token stride costs;
+- the backward with one part of the step's layout at a time (q/k/v read packed but the gradients written into
+  separate contiguous tensors; contiguous q/k/v with the output and its gradient sequence-first), which tells what
+  of the packed backward's cost comes from reading, from writing, and from the output's layout;
 and the forward at other tile sizes than flash-attn-4's hdim-64 choice (192 x 128) on the packed layout, each
 checked against the default's output. GPU (sm90) only:
 
@@ -69,6 +72,16 @@ def main() -> int:
     report("backward packed", time_cuda(lambda: _flash_attn_bwd(*views, out_seq.transpose(0, 1),
                                                                 dout_seq.transpose(0, 1), lse_p, dq=dviews[0],
                                                                 dk=dviews[1], dv=dviews[2]), args.iters) * 1e3,
+           2.5 * fwd_flops)
+    # the packed backward's cost, part by part
+    grads_c = [torch.empty_like(t) for t in separate]
+    report("backward packed, grads contiguous",
+           time_cuda(lambda: _flash_attn_bwd(*views, out_seq.transpose(0, 1), dout_seq.transpose(0, 1), lse_p,
+                                             dq=grads_c[0], dk=grads_c[1], dv=grads_c[2]), args.iters) * 1e3,
+           2.5 * fwd_flops)
+    report("backward contiguous, out seq-first",
+           time_cuda(lambda: _flash_attn_bwd(*separate, out_seq.transpose(0, 1), dout_seq.transpose(0, 1), lse_p,
+                                             dq=grads_c[0], dk=grads_c[1], dv=grads_c[2]), args.iters) * 1e3,
            2.5 * fwd_flops)
     # packed batch-first: interleaved like the step's, with the contiguous layout's order of tokens and samples
     packed_b = packed.transpose(0, 1).contiguous()

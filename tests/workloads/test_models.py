@@ -78,19 +78,21 @@ def test_compile_caches_are_keyed_by_the_custom_ops_sources(monkeypatch: pytest.
 
     from sd3cluster import parallel
 
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "users-tag")
-    apply_compile(build_transformer("tiny"))
-    first = parallel.tag_compile_caches()
-    assert torch.compiler.config.cache_key_tag == f"users-tag,{first}"
-    for name in parallel.CUSTOM_OP_MODULES:  # the same sources elsewhere: the same tag
-        shutil.copy(parallel.Path(parallel.__file__).parent / f"{name}.py", tmp_path)
-    monkeypatch.setattr(parallel, "__file__", str(tmp_path / "parallel.py"))
-    assert parallel.tag_compile_caches() == first
-    with open(tmp_path / "fused_norm.py", "a") as changed:
-        changed.write("\n# another version\n")
-    second = parallel.tag_compile_caches()
-    assert second != first and second.startswith("sd3cluster-ops-")
-    assert torch.compiler.config.cache_key_tag == f"users-tag,{second}"
+    # torch's own patch, not monkeypatch's: undoing that deletes the setting, which torch then hides from Inductor
+    with torch.compiler.config.patch(cache_key_tag="users-tag"):
+        apply_compile(build_transformer("tiny"))
+        first = parallel.tag_compile_caches()
+        assert torch.compiler.config.cache_key_tag == f"users-tag,{first}"
+        for name in parallel.CUSTOM_OP_MODULES:  # the same sources elsewhere: the same tag
+            shutil.copy(parallel.Path(parallel.__file__).parent / f"{name}.py", tmp_path)
+        monkeypatch.setattr(parallel, "__file__", str(tmp_path / "parallel.py"))
+        assert parallel.tag_compile_caches() == first
+        with open(tmp_path / "fused_norm.py", "a") as changed:
+            changed.write("\n# another version\n")
+        second = parallel.tag_compile_caches()
+        assert second != first and second.startswith("sd3cluster-ops-")
+        assert torch.compiler.config.cache_key_tag == f"users-tag,{second}"
+    assert torch.compiler.config.cache_key_tag == ""
 
 
 def test_forward_flops_sd3_medium_1024():

@@ -57,6 +57,12 @@ def backward_parts(batch: int, tokens: int) -> int:
     return -(-tokens // backward_rows(batch * tokens))
 
 
+def _partial(planes: int, x: torch.Tensor, seq_first: bool) -> torch.Tensor:
+    """An uninitialised (planes, batch, parts, channels) fp32 tensor for a backward kernel's partial sums."""
+    batch, tokens, channels = _dims(x, seq_first)
+    return x.new_empty((planes, batch, backward_parts(batch, tokens), channels), dtype=torch.float32)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -256,13 +262,12 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
     batch, tokens, channels = _dims(x, seq_first)
     gated = branch is not None
     rows = backward_rows(batch * tokens)
-    parts = backward_parts(batch, tokens)
     x, dy = x.contiguous(), dy.contiguous()  # the kernel walks rows of `channels` elements
     branch = branch.contiguous() if gated else None
     dx = torch.empty_like(x)
     dbranch = torch.empty_like(branch) if gated else dx
-    planes = 2 + gated + (bias is not None)
-    partial = torch.empty((planes, batch, parts, channels), device=x.device, dtype=torch.float32)
+    partial = _partial(2 + gated + (bias is not None), x, seq_first)
+    parts = partial.shape[2]
     (gate, scale), mod_stride = _per_sample(gate if gated else scale, scale)
     backward_kernel = _kernels()[1]
     backward_kernel[(batch, parts)](x, branch if gated else x, gate, bias if bias is not None else scale, scale, dy,
@@ -290,10 +295,10 @@ def _residual_backward(dout: torch.Tensor, branch: torch.Tensor, gate: torch.Ten
                        seq_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, tokens, channels = _dims(branch, seq_first)
     rows = backward_rows(batch * tokens)
-    parts = backward_parts(batch, tokens)
     dout, branch = dout.contiguous(), branch.contiguous()
     dbranch = torch.empty_like(branch)
-    partial = torch.empty((2, batch, parts, channels), device=dout.device, dtype=torch.float32)
+    partial = _partial(2, branch, seq_first)
+    parts = partial.shape[2]
     (gate,), mod_stride = _per_sample(gate)
     _kernels()[3][(batch, parts)](dout, branch, gate, dbranch, partial, tokens, channels, mod_stride, parts, batch,
                                   SEQ_FIRST=seq_first, ROWS=rows, **_launch_options(channels))
@@ -364,11 +369,6 @@ def _(h, branch, gate, bias, seq_first):
 @gated_residual_backward_op.register_fake
 def _(dout, branch, gate, seq_first):
     return branch.new_empty(branch.shape), _partial(2, branch, seq_first)
-
-
-def _partial(planes: int, x: torch.Tensor, seq_first: bool) -> torch.Tensor:
-    batch, tokens, channels = _dims(x, seq_first)
-    return x.new_empty((planes, batch, backward_parts(batch, tokens), channels), dtype=torch.float32)
 
 
 def _summed(partial: torch.Tensor) -> torch.Tensor:

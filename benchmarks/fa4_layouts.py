@@ -9,8 +9,9 @@ This times, alone and in one process, forward and backward of:
 - `packed batch-first`: q/k/v interleaved in one (batch, tokens, 3, heads, head_dim) tensor (a token's rows 3x
   closer than contiguous ones, 8x closer than the step's), which tells whether the step's token stride costs;
 - the backward with one part of the step's layout at a time (q/k/v read packed but the gradients written into
-  separate contiguous tensors; contiguous q/k/v with the output and its gradient sequence-first), which tells what
-  of the packed backward's cost comes from reading, from writing, and from the output's layout;
+  separate contiguous tensors, or into separate sequence-first ones; contiguous q/k/v with the output and its
+  gradient sequence-first), which tells what of the packed backward's cost comes from reading, from writing, and
+  from the output's layout, and the copy that separate gradients would need to reach the packed layout;
 and the forward at other tile sizes than flash-attn-4's hdim-64 choice (192 x 128) on the packed layout, each
 checked against the default's output. GPU (sm90) only:
 
@@ -53,7 +54,7 @@ def main() -> int:
     rows = []
 
     def report(name: str, ms: float, flops: float, **extra) -> None:
-        print(f"{name:28s} {ms:6.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)
+        print(f"{name:36s} {ms:6.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)
         rows.append({"name": name, "ms": ms, "tflops": flops / ms / 1e9, **extra})
 
     # contiguous: the layout of run 12's isolated timing
@@ -83,6 +84,16 @@ def main() -> int:
            time_cuda(lambda: _flash_attn_bwd(*separate, out_seq.transpose(0, 1), dout_seq.transpose(0, 1), lse_p,
                                              dq=grads_c[0], dk=grads_c[1], dv=grads_c[2]), args.iters) * 1e3,
            2.5 * fwd_flops)
+    # what writing the gradients elsewhere would cost the step: each gradient its own sequence-first tensor (the
+    # token stride of one gradient, not three), and the copy that would then put the three into the packed layout
+    # the q/k/v projection's backward reads
+    grads_seq = [torch.empty_like(dout_seq) for _ in range(3)]
+    report("backward packed, grads seq-first",
+           time_cuda(lambda: _flash_attn_bwd(*views, out_seq.transpose(0, 1), dout_seq.transpose(0, 1), lse_p,
+                                             dq=grads_seq[0].transpose(0, 1), dk=grads_seq[1].transpose(0, 1),
+                                             dv=grads_seq[2].transpose(0, 1)), args.iters) * 1e3, 2.5 * fwd_flops)
+    report("copy of 3 seq-first grads into packed",
+           time_cuda(lambda: torch.stack(grads_seq, dim=2, out=dpacked), args.iters) * 1e3, 0.0)
     # packed batch-first: interleaved like the step's, with the contiguous layout's order of tokens and samples
     packed_b = packed.transpose(0, 1).contiguous()
     views_b = [packed_b[:, :, i] for i in range(3)]
@@ -107,7 +118,7 @@ def main() -> int:
             ms = time_cuda(lambda t=tile, o=out_t: _flash_attn_fwd(*views, out=o.transpose(0, 1), return_lse=True,
                                                                    tile_mn=t), args.iters) * 1e3
         except Exception as e:  # a tile the kernel cannot build at this head size
-            print(f"{name:28s} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}", flush=True)
+            print(f"{name:36s} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}", flush=True)
             rows.append({"name": name, "error": f"{type(e).__name__}: {e}"[:500]})
             continue
         diff = ((out_t.float() - reference).norm() / reference.norm()).item()

@@ -12,6 +12,8 @@ This times, alone and in one process, forward and backward of:
   separate contiguous tensors, or into separate sequence-first ones; contiguous q/k/v with the output and its
   gradient sequence-first), which tells what of the packed backward's cost comes from reading, from writing, and
   from the output's layout, and the copy that separate gradients would need to reach the packed layout;
+- the step's layout with each (token, sample) row padded (`--pads`), which tells whether its power-of-two token
+  stride costs;
 and the forward at other tile sizes than flash-attn-4's hdim-64 choice (192 x 128) on the packed layout, each
 checked against the default's output. GPU (sm90) only:
 
@@ -37,6 +39,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4250)
     parser.add_argument("--heads", type=int, default=24)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--pads", type=int, nargs="*", default=[64, 8],
+                        help="elements to pad each (token, sample) row of the packed layout by, one case each")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
@@ -94,6 +98,27 @@ def main() -> int:
                                              dv=grads_seq[2].transpose(0, 1)), args.iters) * 1e3, 2.5 * fwd_flops)
     report("copy of 3 seq-first grads into packed",
            time_cuda(lambda: torch.stack(grads_seq, dim=2, out=dpacked), args.iters) * 1e3, 0.0)
+    # packed sequence-first with each (token, sample) row padded: the step's token stride, 8 x 3 x 24 x 64 x 2 bytes
+    # = 72 KiB, is a multiple of 8 KiB, so a tile's rows may fall on few of the memory's channels or L2 sets; a row
+    # padded by `pad` elements breaks that power of two. Reads and gradients both padded, as a padded projection would.
+    for pad in args.pads:
+        row = 3 * h * 64 + pad
+        strides = (b * row, row, h * 64, 64, 1)
+        padded = torch.empty(n * b * row, device="cuda", dtype=torch.bfloat16).as_strided(packed.shape, strides)
+        padded.copy_(packed)
+        dpadded = torch.empty(n * b * row, device="cuda", dtype=torch.bfloat16).as_strided(packed.shape, strides)
+        views_p = [padded[:, :, i].transpose(0, 1) for i in range(3)]
+        dviews_p = [dpadded[:, :, i].transpose(0, 1) for i in range(3)]
+        out_p = torch.empty_like(out_seq)
+        _, lse_pp, *_ = _flash_attn_fwd(*views_p, out=out_p.transpose(0, 1), return_lse=True)
+        torch.testing.assert_close(out_p, out_seq)
+        report(f"forward packed, rows padded {pad}",
+               time_cuda(lambda v=views_p, o=out_p: _flash_attn_fwd(*v, out=o.transpose(0, 1), return_lse=True),
+                         args.iters) * 1e3, fwd_flops, pad=pad)
+        report(f"backward packed, rows padded {pad}",
+               time_cuda(lambda v=views_p, o=out_p, lse=lse_pp, d=dviews_p: _flash_attn_bwd(
+                   *v, o.transpose(0, 1), dout_seq.transpose(0, 1), lse, dq=d[0], dk=d[1], dv=d[2]),
+                   args.iters) * 1e3, 2.5 * fwd_flops, pad=pad)
     # packed batch-first: interleaved like the step's, with the contiguous layout's order of tokens and samples
     packed_b = packed.transpose(0, 1).contiguous()
     views_b = [packed_b[:, :, i] for i in range(3)]

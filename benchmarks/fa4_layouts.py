@@ -14,6 +14,8 @@ This times, alone and in one process, forward and backward of:
   from the output's layout, and the copy that separate gradients would need to reach the packed layout;
 - the step's layout with each (token, sample) row padded (`--pads`), which tells whether its power-of-two token
   stride costs;
+- the forward and the backward each right after the GEMM that precedes it in the step, less that GEMM's time alone,
+  which tells whether a GEMM before it (its clock, the L2 it leaves) slows the kernel as the step's trace shows;
 and the forward at other tile sizes than flash-attn-4's hdim-64 choice (192 x 128) on the packed layout, each
 checked against the default's output. GPU (sm90) only:
 
@@ -133,6 +135,25 @@ def main() -> int:
                                                                             dq=dviews_b[0], dk=dviews_b[1],
                                                                             dv=dviews_b[2]), args.iters) * 1e3,
            2.5 * fwd_flops)
+    # the forward and backward right after the GEMM that comes before each in the step (the q/k/v projection writing
+    # the packed tensor; the output projection's input gradient): the pair's time less the GEMM's alone. More than
+    # the kernel's own time is what a GEMM leaves behind (its clock under load, the L2 it filled), run 17's reading
+    # of the step's 20% slower forward.
+    x = torch.randn(n * b, h * 64, device="cuda", dtype=torch.bfloat16)
+    w_qkv = torch.randn(3 * h * 64, h * 64, device="cuda", dtype=torch.bfloat16) / 40
+    w_out = torch.randn(h * 64, h * 64, device="cuda", dtype=torch.bfloat16) / 40
+    flat_packed, flat_dout = packed.view(n * b, 3 * h * 64), dout_seq.view(n * b, h * 64)
+    gemm_qkv = time_cuda(lambda: torch.mm(x, w_qkv.t(), out=flat_packed), args.iters) * 1e3
+    gemm_out = time_cuda(lambda: torch.mm(x, w_out, out=flat_dout), args.iters) * 1e3
+    pair_fwd = time_cuda(lambda: (torch.mm(x, w_qkv.t(), out=flat_packed),
+                                  _flash_attn_fwd(*views, out=out_seq.transpose(0, 1), return_lse=True)),
+                         args.iters) * 1e3
+    _, lse_p, *_ = _flash_attn_fwd(*views, out=out_seq.transpose(0, 1), return_lse=True)  # of the GEMM's q/k/v
+    pair_bwd = time_cuda(lambda: (torch.mm(x, w_out, out=flat_dout),
+                                  _flash_attn_bwd(*views, out_seq.transpose(0, 1), dout_seq.transpose(0, 1), lse_p,
+                                                  dq=dviews[0], dk=dviews[1], dv=dviews[2])), args.iters) * 1e3
+    report("forward packed, after its GEMM", pair_fwd - gemm_qkv, fwd_flops, gemm_ms=gemm_qkv)
+    report("backward packed, after its GEMM", pair_bwd - gemm_out, 2.5 * fwd_flops, gemm_ms=gemm_out)
     # the forward's tiles on the packed layout
     reference = out_seq.float()
     for tile in FWD_TILES:

@@ -17,7 +17,9 @@ This times, alone and in one process, forward and backward of:
 - the forward and the backward each right after the GEMM that precedes it in the step, less that GEMM's time alone,
   which tells whether a GEMM before it (its clock, the L2 it leaves) slows the kernel as the step's trace shows;
 and the forward at other tile sizes than flash-attn-4's hdim-64 choice (192 x 128) on the packed layout, each
-checked against the default's output. GPU (sm90) only:
+checked against the default's output. Every case runs 400 calls back to back (`--iters`): the kernels draw the card
+to its power limit within about a second, and the clock it then holds, not the boost clock of a short burst, is the
+one a training step runs at (run 18: an H100 at 700 W held 1,500 to 1,700 MHz against 1,980 idle). GPU (sm90) only:
 
     python3 benchmarks/fa4_layouts.py [--batch 8] [--tokens 4250] [--out results.json]
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,9 +43,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=4250)
     parser.add_argument("--heads", type=int, default=24)
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--pads", type=int, nargs="*", default=[64, 8],
-                        help="elements to pad each (token, sample) row of the packed layout by, one case each")
+    # 400 calls hold the load for 0.7 to 2 s a case: long enough for the card to reach its power limit and the clock
+    # it keeps there, as inside a training step (run 18: 30 calls read the boost clock, 8% faster than the step)
+    parser.add_argument("--iters", type=int, default=400)
+    parser.add_argument("--pads", type=int, nargs="*", default=[],
+                        help="elements to pad each (token, sample) row of the packed layout by, one case each "
+                             "(run 18: 64 and 8 were slower)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
@@ -60,8 +66,9 @@ def main() -> int:
     rows = []
 
     def report(name: str, ms: float, flops: float, **extra) -> None:
-        print(f"{name:36s} {ms:6.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)
-        rows.append({"name": name, "ms": ms, "tflops": flops / ms / 1e9, **extra})
+        ended = time.strftime("%H:%M:%S")  # to find the case in a clock and power log (sd3_training_gpu.sh keeps one)
+        print(f"{ended} {name:36s} {ms:6.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)
+        rows.append({"name": name, "ms": ms, "tflops": flops / ms / 1e9, "ended": ended, **extra})
 
     # contiguous: the layout of run 12's isolated timing
     out_c, lse_c, *_ = _flash_attn_fwd(*separate, return_lse=True)

@@ -62,7 +62,11 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   mlp1024) bench ref-1024 sd3-medium:1024:8:reference
            bench opt-1024 sd3-medium:1024:8:optimized
            bench opt-torchmlp-1024 sd3-medium:1024:8:optimized:mlp=torch ;;
-  fa4layout) python3 benchmarks/fa4_layouts.py --out "$OUT/fa4-layouts.json" 2>&1 | grep -E "TFLOP/s|failed|Error" ;;
+  # with the card's clock and power logged beside it (FA4 alone runs into the power limit as the step does)
+  fa4layout) nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 \
+               > "$OUT/fa4-layouts-gpu.csv" & smi=$!
+             python3 benchmarks/fa4_layouts.py --out "$OUT/fa4-layouts.json" 2>&1 | grep -E "TFLOP/s|failed|Error"
+             kill "$smi" ;;
   fa4bwd) python3 benchmarks/fa4_backward_configs.py --out "$OUT/fa4-bwd-configs.json" 2>&1 \
             | grep -E "TFLOP/s|failed:" | tail -15 ;;
   # Inductor's reductions over SD3's 1536 channels are looped (two passes over a row) unless persistent

@@ -25,11 +25,11 @@ def read(name: str) -> str:
 
 
 def checks(query="query_h200x8_good.csv", expected=8, lspci="lspci_h200x8.txt", dmesg="dmesg_clean.txt",
-           nvlink="nvlink_good.txt", dcgm=None) -> dict[str, nh.Result]:
+           nvlink="nvlink_good.txt", dcgm=None, min_power_percent=100) -> dict[str, nh.Result]:
     pending, _ = nh.new_xids(nh.parse_xids(read(dmesg)), {}, "boot-1")
     results = nh.gpu_checks(read(query) if query else None, "nvidia-smi not found", expected,
                             nh.parse_lspci(read(lspci)) if lspci else None, pending, FATAL,
-                            nh.parse_nvlink(read(nvlink)) if nvlink else None, dcgm)
+                            nh.parse_nvlink(read(nvlink)) if nvlink else None, dcgm, min_power_percent)
     return {r.check: r for r in results}
 
 
@@ -42,7 +42,7 @@ def test_a_healthy_h200_node_passes_every_gpu_check():
     assert failing(results) == {}
     assert {n for n, r in results.items() if r.status == nh.PASS} == {
         "driver", "gpu_count", "ecc_uncorrected", "retired_pages_row_remap", "xid_errors", "pcie_link",
-        "clock_throttle", "nvlink", "persistence_mode"}
+        "clock_throttle", "nvlink", "persistence_mode", "power_limit"}
     assert results["dcgm_diag"].status == nh.SKIP  # no dcgmi
 
 
@@ -102,6 +102,18 @@ def test_row_remap_failure_nvlink_down_and_persistence_off_fail():
         "retired_pages_row_remap": "GPU 6 (00000000:ba:00.0): row remapping failed (replace the GPU)"}
     assert failing(checks(nvlink="nvlink_down.txt")) == {"nvlink": "GPU 4: 17 of 18 links up"}
     assert set(failing(checks(query="query_persistence_off.csv"))) == {"persistence_mode"}
+
+
+def test_a_gpu_capped_below_its_default_power_limit_fails_unless_the_cap_is_allowed():
+    assert failing(checks(query="query_power_capped.csv")) == {
+        "power_limit": "GPU 4 (00000000:9a:00.0): enforced power limit 500 W, 71% of its default 700 W "
+                       "(sudo nvidia-smi -i 4 -pl 700)"}
+    # a power budget the admin chose: 70% allowed passes, and 0 turns the check off
+    assert checks(query="query_power_capped.csv", min_power_percent=70)["power_limit"].status == nh.PASS
+    assert checks(query="query_power_capped.csv", min_power_percent=0)["power_limit"].status == nh.SKIP
+    # a driver that does not report the limits: skip, never pass
+    assert checks(query="query_a100_driver535.csv", expected=4, lspci=None,
+                  nvlink=None)["power_limit"].status == nh.SKIP
 
 
 def test_no_nvlink_reads_skip():

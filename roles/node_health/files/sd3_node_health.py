@@ -3,7 +3,7 @@
 
 Checks: the NVIDIA driver answers, the GPU count, uncorrectable ECC (volatile), retired pages and row-remap
 failures, XID errors in the kernel log since the last run, PCIe link width and generation against their maximum,
-clock-throttle reasons, NVLink state, persistence mode, DCGM diagnostics level 1 (where dcgmi exists), the shared
+clock-throttle reasons, NVLink state, persistence mode, the enforced power limit against the card's default, DCGM diagnostics level 1 (where dcgmi exists), the shared
 volume mounted and writable, free disk. Each check reads pass, fail or skip (it cannot apply here: no GPU expected
 and no driver, no NVLink, no dcgmi).
 
@@ -41,6 +41,7 @@ QUERY_FIELDS = [
     "index", "pci.bus_id", "name", "persistence_mode", "ecc.errors.uncorrected.volatile.total",
     "retired_pages.pending", "remapped_rows.failure", "remapped_rows.pending", "pcie.link.gen.max",
     "pcie.link.gen.gpumax", "pcie.link.width.current", "pcie.link.width.max", "clocks_event_reasons.active",
+    "enforced.power.limit", "power.default_limit",
 ]
 # Drivers before 530 name the clock reasons "throttle"; newer ones "event" (and accept both).
 FIELD_ALIASES = {"clocks_throttle_reasons.active": "clocks_event_reasons.active"}
@@ -51,7 +52,8 @@ BAD_CLOCK_REASONS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown"
 XID = re.compile(r"^\[\s*([\d.]+)\]\s.*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
 UNAVAILABLE = ("[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", "")
 CHECKS = ("driver", "gpu_count", "ecc_uncorrected", "retired_pages_row_remap", "xid_errors", "pcie_link",
-          "clock_throttle", "nvlink", "persistence_mode", "dcgm_diag", "shared_volume", "free_disk")
+          "clock_throttle", "nvlink", "persistence_mode", "power_limit", "dcgm_diag", "shared_volume", "free_disk")
+GPU_CHECKS = CHECKS[:CHECKS.index("dcgm_diag") + 1]
 
 
 @dataclass
@@ -140,9 +142,11 @@ def _field_check(name: str, gpus: list[dict], field: str, bad, describe) -> Resu
 
 
 def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] | None, new_xids: list | None,
-               xid_fatal: list[int], nvlink: dict | None, dcgm: tuple[int, str] | str | None) -> list[Result]:
-    """dcgm: (exit code, output) of `dcgmi diag`, or why it did not run (a string), or None: no dcgmi."""
-    gpu_names = CHECKS[:10]
+               xid_fatal: list[int], nvlink: dict | None, dcgm: tuple[int, str] | str | None,
+               min_power_limit_percent: float = 100) -> list[Result]:
+    """dcgm: (exit code, output) of `dcgmi diag`, or why it did not run (a string), or None: no dcgmi.
+    min_power_limit_percent: the share of its default power limit a GPU's enforced limit must reach; 0 skips."""
+    gpu_names = GPU_CHECKS
     if query is None:
         if expected == 0:
             return [Result(c, SKIP, "no NVIDIA driver and no GPUs expected on this node") for c in gpu_names]
@@ -231,6 +235,7 @@ def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] |
 
     results.append(_field_check("persistence_mode", gpus, "persistence_mode", lambda v: v.lower() != "enabled",
                                 lambda v: f"persistence mode {v} (the driver unloads between jobs; enable it)"))
+    results.append(power_limit_check(gpus, min_power_limit_percent))
     if dcgm is None or isinstance(dcgm, str):
         results.append(Result("dcgm_diag", SKIP, dcgm or "dcgmi is not installed"))
     else:
@@ -239,6 +244,24 @@ def gpu_checks(query: str | None, error: str, expected: int, lspci: list[dict] |
         results.append(Result("dcgm_diag", PASS if rc == 0 and not failed else FAIL,
                               "level 1 passed" if rc == 0 and not failed else "; ".join(failed[:3]) or f"exit {rc}"))
     return results
+
+
+def power_limit_check(gpus: list[dict], min_percent: float) -> Result:
+    """A GPU whose enforced power limit is below its default runs a training step at a lower clock (an H100 held
+    at its 700 W limit already drops from 1,980 to about 1,600 MHz): a cap an admin, a cloud image or a stale
+    `nvidia-smi -pl` left behind slows the whole job, since every rank waits for the slowest."""
+    if min_percent <= 0:
+        return Result("power_limit", SKIP, "turned off (node_health_min_power_limit_percent is 0)")
+    known = [(g, float(g["enforced.power.limit"]), float(g["power.default_limit"])) for g in gpus
+             if g.get("enforced.power.limit") is not None and g.get("power.default_limit") is not None]
+    if not known:
+        return Result("power_limit", SKIP, "power limits are not reported by this driver or GPU")
+    # half a watt for the driver's rounding of the two values
+    low = [f"{_gpu_label(g)}: enforced power limit {limit:g} W, {100 * limit / default:.0f}% of its default "
+           f"{default:g} W (sudo nvidia-smi -i {g.get('index')} -pl {default:g})"
+           for g, limit, default in known if limit + 0.5 < default * min_percent / 100]
+    return Result("power_limit", FAIL if low else PASS,
+                  "; ".join(low) or f"{len(known)} GPU(s) at {min_percent:g}% or more of their default limit")
 
 
 def shared_volume_check(path: str) -> Result:
@@ -377,7 +400,8 @@ def run_checks(cfg: dict) -> tuple[list[Result], dict]:
                                   text=True, check=False, timeout=600)
             dcgm = (done.returncode, done.stdout + done.stderr)
     results = gpu_checks(query, error, int(cfg.get("expected_gpus", 0)), lspci, pending,
-                         [int(x) for x in cfg.get("xid_fatal", [])], parse_nvlink(nvlink_text or ""), dcgm)
+                         [int(x) for x in cfg.get("xid_fatal", [])], parse_nvlink(nvlink_text or ""), dcgm,
+                         float(cfg.get("min_power_limit_percent", 100)))
     results.append(shared_volume_check(cfg.get("shared_path", "")))
     results.append(free_disk_check(cfg.get("disk_path", "/"), float(cfg.get("min_free_disk_gb", 0))))
     return results, state

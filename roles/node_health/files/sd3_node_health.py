@@ -4,8 +4,8 @@
 Checks: the NVIDIA driver answers, the GPU count, uncorrectable ECC (volatile), retired pages and row-remap
 failures, XID errors in the kernel log since the last run, PCIe link width and generation against their maximum,
 clock-throttle reasons, NVLink state, persistence mode, the enforced power limit against the card's default, DCGM
-diagnostics level 1 (where dcgmi exists), the shared volume mounted and writable, free disk. Each check reads pass, fail or skip (it cannot apply here: no GPU expected
-and no driver, no NVLink, no dcgmi).
+diagnostics level 1 (where dcgmi exists), the shared volume mounted and writable, free disk. Each check reads pass,
+fail or skip (it cannot apply here: no GPU expected and no driver, no NVLink, no dcgmi, no power limits reported).
 
 With --slurm it then drains this node (reason "<prefix> <check>: <detail>") when a check fails, and resumes it when
 all pass again and the drain was its own: a drain whose reason lacks the prefix is an admin's and is left alone.

@@ -5,7 +5,7 @@
 # results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
 #     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [layout] [final1024] [final512]
-#     [chain] [ab] [fa4layout] [ref1024]
+#     [chain] [ab] [fa4layout] [ref1024] [projgemm] [proj]
 # BASE: other commits' copies of the package's source, each made here by
 #   mkdir -p .gpubase/REV && git archive REV workloads/src | tar -x -C .gpubase/REV
 # and carried (.gpubase): part `ab` runs the optimized step from this tree and from each folder BASE names (spaces
@@ -67,6 +67,17 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
                > "$OUT/fa4-layouts-gpu.csv" & smi=$!
              python3 benchmarks/fa4_layouts.py --out "$OUT/fa4-layouts.json" 2>&1 | grep -E "TFLOP/s|failed|Error"
              kill "$smi" ;;
+  # the attention projections' GEMMs, cuBLAS against quack (the feed-forward's GEMMs run faster on quack), the
+  # card's clock and power logged beside them
+  projgemm) nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 \
+              > "$OUT/projection-gemms-gpu.csv" & smi=$!
+            python3 benchmarks/projection_gemms.py --out "$OUT/projection-gemms.json" 2>&1 \
+              | grep -E "TFLOP/s|failed|a step|Error"
+            kill "$smi" ;;
+  # the attention projections on quack (model.projections, run 19): its GPU test, the step with it and without
+  proj) python3 -m pytest -q tests/workloads/test_row_blocks.py 2>&1 | tail -3
+        bench opt-1024 sd3-medium:1024:8:optimized
+        bench opt-projtorch-1024 sd3-medium:1024:8:optimized:proj=torch ;;
   fa4bwd) python3 benchmarks/fa4_backward_configs.py --out "$OUT/fa4-bwd-configs.json" 2>&1 \
             | grep -E "TFLOP/s|failed:" | tail -15 ;;
   # Inductor's reductions over SD3's 1536 channels are looped (two passes over a row) unless persistent

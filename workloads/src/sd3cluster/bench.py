@@ -27,7 +27,7 @@ from .models import train_flops_per_image
 VARIANT_KEYS: dict[str, str] = {
     "fuse": "model.fuse_qkv", "compile": "model.compile", "attn": "model.attention", "adam": "optim.fused",
     "ac": "model.activation_checkpointing", "fsdp": "train.parallel", "batch": "data.batch_size",
-    "res": "data.resolution", "fp8": "model.float8", "mlp": "model.mlp",
+    "res": "data.resolution", "fp8": "model.float8", "mlp": "model.mlp", "proj": "model.projections",
     "norm": "model.norm", "opt": "optim.kernel", "w": "train.weights", "layout": "model.layout",
 }
 
@@ -42,13 +42,14 @@ VARIANT_VALUES: dict[str, dict[str, Any]] = {
     "attn": _as_named("auto", "fa4", "cudnn", "flash", "sdpa"),
     "adam": {"foreach": False, "fused": True}, "ac": {"0": False, "1": True}, "fsdp": {"0": "ddp", "1": "fsdp"},
     "fp8": _as_named("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"),
-    "mlp": _as_named("auto", "torch", "quack"), "norm": _as_named("auto", "torch", "triton"),
+    "mlp": _as_named("auto", "torch", "quack"), "proj": _as_named("auto", "torch", "quack"),
+    "norm": _as_named("auto", "torch", "triton"),
     "opt": _as_named("auto", "torch", "triton"), "w": _as_named("auto", "fp32", "bf16"),
     "layout": _as_named("auto", "batch", "sequence"),
 }
 VARIANT_DEFAULTS: dict[str, dict[str, str]] = {
-    "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach", mlp="torch", norm="torch",
-                      opt="torch", w="fp32", layout="batch"),
+    "reference": dict(fuse="0", compile="none", attn="sdpa", adam="foreach", mlp="torch", proj="torch",
+                      norm="torch", opt="torch", w="fp32", layout="batch"),
     "optimized": {},
 }
 

@@ -50,6 +50,13 @@ class ModelConfig(_Section):
         "streams' q/k/v are row blocks of one packed tensor, which FA4 reads and writes in place, so no q/k/v is "
         "copied or stacked) or batch (diffusers' (batch, tokens, channels)); auto: sequence where it applies "
         "(fused q/k/v without q/k norms, model.attention resolved to fa4, model.norm to triton). Printed at start")
+    projections: Literal["auto", "torch", "quack"] = Field(
+        "auto", description="GEMM kernels of the sequence-first joint blocks' attention projections (q/k/v and "
+        "output, forward and backward): torch (cuBLAS) or quack (for the image stream's rows; the context stream's "
+        "few rows, and weight gradients too small to fill the card, stay on cuBLAS, which is faster there; 6 to 8% "
+        "faster GEMMs for SD3-medium's image stream on an H100; sm90+, comes with the `fa4` extra, tuned in the first "
+        "step like model.mlp's); auto: quack on sm90+ when it imports, for bf16 training in the sequence layout, else "
+        "torch. Printed at start")
     activation_checkpointing: bool = False
 
 

@@ -93,11 +93,13 @@ def count_parameters(model: nn.Module) -> int:
 class FusedJointAttnProcessor:
     """Joint attention with one q/k/v projection per stream; q, k and v stay in the projection's (batch, tokens,
     heads, head_dim) layout, which FlashAttention-4 reads as it is. `backend` is a resolved one (attention.py);
-    `sequence_first`: the fused norms' blocks call joint_attention_sequence_first instead (model.layout)."""
+    `sequence_first`: the fused norms' blocks call joint_attention_sequence_first instead (model.layout), whose
+    projections run on `projections` (model.projections resolved: torch or quack)."""
 
-    def __init__(self, backend: str = "sdpa", sequence_first: bool = False):
+    def __init__(self, backend: str = "sdpa", sequence_first: bool = False, projections: str = "torch"):
         self.backend = backend
         self.sequence_first = sequence_first
+        self.projections = projections
 
     def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, **_: Any) -> Any:
@@ -163,17 +165,18 @@ def joint_attention_sequence_first(attn: nn.Module, image: torch.Tensor, context
     n_img, batch, _ = image.shape
     projections = (attn.to_qkv, attn.to_added_qkv, attn.to_out[0], attn.to_add_out)
     plain = all(type(p) is nn.Linear for p in projections)  # LoRA's and float8's linears keep their forward
+    quack = attn.processor.projections == "quack"
     if plain:  # each GEMM writes its rows of the joined tensor (row_blocks), no copy joins or splits them
         dtype = image.dtype  # the adaLN kernels' output: autocast's dtype where it is on
         weights = [p.weight.to(dtype) for p in projections]
         biases = [p.bias.to(dtype) if p.bias is not None else None for p in projections[:2]]
-        qkv = joined_linear(image, context, weights[0], biases[0], weights[1], biases[1])
+        qkv = joined_linear(image, context, weights[0], biases[0], weights[1], biases[1], quack)
     else:
         qkv = torch.cat([attn.to_qkv(image), attn.to_added_qkv(context)])
     out = packed_attention(qkv.view(qkv.shape[0], batch, 3, attn.heads, -1), backend).flatten(2)
     if plain:
         # the biases as the parameters they are: the fused norm adds them in fp32 and hands back their gradients
-        return (*split_linear(out, n_img, weights[2], None, weights[3], None), attn.to_out[0].bias,
+        return (*split_linear(out, n_img, weights[2], None, weights[3], None, quack), attn.to_out[0].bias,
                 attn.to_add_out.bias)
     return attn.to_out[0](out[:n_img]), attn.to_add_out(out[n_img:]), None, None
 
@@ -219,6 +222,28 @@ def resolve_mlp(name: str, device: torch.device, half: bool, lora: bool) -> tupl
         raise UserError(f"model.mlp=quack, but quack-kernels does not import ({quack_mlp_import_problem()}); "
                         "pip install 'sd3cluster[fa4]', or set model.mlp=auto or torch")
     return "quack", "quack (asked for)"
+
+
+def resolve_projections(name: str, device: torch.device, half: bool, layout: str) -> tuple[str, str]:
+    """(kind, why) for model.projections: the sequence-first blocks' q/k/v and output projections of streams with
+    many rows (row_blocks.QUACK_MIN_ROWS) on quack's GEMMs, the others on cuBLAS; auto takes quack on sm90+ when it
+    imports, for half-precision training in the sequence-first layout (where LoRA or float8 adapt the linears, they
+    keep their own forward)."""
+
+    def problem() -> str | None:
+        if device.type != "cuda":
+            return "not a CUDA device"
+        major = torch.cuda.get_device_capability(device)[0]
+        if major < 9:
+            return f"sm{major}0 is older than Hopper"
+        if not half:
+            return "fp32 training"
+        if layout != "sequence":
+            return "model.layout resolved to batch; the sequence-first blocks run these projections"
+        return quack_mlp_import_problem()
+
+    return choose_kernel("model.projections", name, "quack",
+                         "the image stream's q/k/v and output projections on quack's GEMMs", problem)
 
 
 def linear_compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -329,10 +354,12 @@ def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-def fuse_qkv(model: nn.Module, attention_backend: str = "sdpa", sequence_first: bool = False) -> nn.Module:
+def fuse_qkv(model: nn.Module, attention_backend: str = "sdpa", sequence_first: bool = False,
+             projections: str = "torch") -> nn.Module:
     """Replace to_q/to_k/to_v (and add_*_proj) by one linear each, keeping the same function; attention runs on
     `attention_backend`, a backend that attention.resolve_backend returned for the model's device, in the
-    sequence-first layout where the fused norms' blocks can (`sequence_first`, model.layout resolved)."""
+    sequence-first layout where the fused norms' blocks can (`sequence_first`, model.layout resolved), with that
+    layout's projections on `projections` (model.projections resolved)."""
     from diffusers.models.attention_processor import Attention
 
     for module in model.modules():
@@ -343,7 +370,7 @@ def fuse_qkv(model: nn.Module, attention_backend: str = "sdpa", sequence_first: 
         if getattr(module, "add_q_proj", None) is not None:
             module.to_added_qkv = _fused_linear([module.add_q_proj, module.add_k_proj, module.add_v_proj])
             del module.add_q_proj, module.add_k_proj, module.add_v_proj
-        module.set_processor(FusedJointAttnProcessor(attention_backend, sequence_first))
+        module.set_processor(FusedJointAttnProcessor(attention_backend, sequence_first, projections))
     return model
 
 

@@ -36,6 +36,7 @@ from .models import (
     fuse_qkv,
     resolve_layout,
     resolve_mlp,
+    resolve_projections,
     text_dims,
     train_flops_per_image,
     transformer_description,
@@ -84,15 +85,18 @@ class Trainer:
             "attention: diffusers' processor (model.fuse_qkv=false; model.attention applies to the fused model)"
         self.norm, norm_why = resolve_norm(cfg.model.norm, rt.device)
         self.layout, layout_why = resolve_layout(cfg.model.layout, cfg.model.fuse_qkv, self.attention, self.norm)
+        self.projections, projections_why = resolve_projections(cfg.model.projections, rt.device, self.bf16,
+                                                                self.layout)
         if cfg.model.fuse_qkv:
-            fuse_qkv(model, attention_backend=self.attention, sequence_first=self.layout == "sequence")
+            fuse_qkv(model, attention_backend=self.attention, sequence_first=self.layout == "sequence",
+                     projections=self.projections)
         self.mlp, mlp_why = resolve_mlp(cfg.model.mlp, rt.device, self.bf16, cfg.train.mode == "lora")
         if self.mlp == "quack":
             fuse_mlp(model)
         if self.norm == "triton":
             norm_why += f", in {fuse_norms(model)} joint blocks (the others keep diffusers' norms)"
         self.kernel_note = (f"{attention_note}; feed-forward: {mlp_why}; adaLN norms: {norm_why}; "
-                            f"block layout: {layout_why}")
+                            f"block layout: {layout_why}; attention projections: {projections_why}")
         if cfg.model.float8 != "none":
             if not cuda:
                 raise UserError(f"model.float8={cfg.model.float8} needs a GPU with float8 tensor cores; set "

@@ -53,10 +53,10 @@ class ModelConfig(_Section):
     projections: Literal["auto", "torch", "quack"] = Field(
         "auto", description="GEMM kernels of the sequence-first joint blocks' attention projections (q/k/v and "
         "output, forward and backward): torch (cuBLAS) or quack (for the image stream's rows; the context stream's "
-        "few rows, and weight gradients too small to fill the card, stay on cuBLAS, which is faster there; 6 to 8% "
-        "faster GEMMs for SD3-medium's image stream on an H100; sm90+, comes with the `fa4` extra, tuned in the first "
-        "step like model.mlp's); auto: quack on sm90+ when it imports, for bf16 training in the sequence layout, else "
-        "torch. Printed at start")
+        "few rows, and weight gradients too small to fill the card, stay on cuBLAS, which is faster there; 5.5 to 8% "
+        "faster GEMMs for SD3-medium's image stream and a 1.2% faster step on an H100; sm90+, comes with the `fa4` "
+        "extra, tuned in the first step like model.mlp's); auto: quack on sm90+ when it imports, for bf16 training in "
+        "the sequence layout, else torch. Printed at start")
     activation_checkpointing: bool = False
 
 

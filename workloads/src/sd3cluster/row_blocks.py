@@ -12,8 +12,8 @@ as they are.
 input's gradient with joined_linear. Rows are the first dimension; inputs must be contiguous.
 
 With `quack` (model.projections), a row block of at least QUACK_MIN_ROWS rows runs its GEMMs on quack's instead of
-cuBLAS: on an H100 at SD3-medium's 1024^2 batch 8 image stream (32,768 rows) quack's were 6 to 8% faster at
-sustained load, but 1.3 to 4.5 times slower at the context stream's 1,232 rows, and slower for a weight gradient
+cuBLAS: on an H100 at SD3-medium's 1024^2 batch 8 image stream (32,768 rows) quack's were 5.5 to 8% faster at
+sustained load, but 1.1 to 4.6 times slower at the context stream's 1,232 rows, and slower for a weight gradient
 whose output has fewer tiles than the card has SMs, which cuBLAS splits over the rows (benchmarks/sd3_training.md
 run 19, benchmarks/projection_gemms.py). Half-precision CUDA tensors only (the caller's choice ensures it).
 """

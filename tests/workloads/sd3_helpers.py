@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -47,3 +48,13 @@ def bf16_as_kernel_rounds(master: torch.Tensor) -> torch.Tensor:
     if master.device.type == "cuda":
         return master.to(torch.bfloat16)
     return (master.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def hopper_skip_reason(what: str, import_problem: Callable[[], str | None]) -> str | None:
+    """Why a GPU test of an sm90+ kernel (`what`) cannot run here, as its skip reason, or None where it can: the GPU
+    machine runs them (benchmarks/sd3_training.md has the command)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability()[0] < 9:
+        return f"{what} needs sm90+"
+    return import_problem()

@@ -6,6 +6,7 @@ benchmarks/sd3_training.md for the command) and say skip elsewhere.
 
 import pytest
 import torch
+from sd3_helpers import hopper_skip_reason
 from sd3cluster.attention import attention, fa4_import_problem, resolve_backend
 from sd3cluster.errors import UserError
 from sd3cluster.models import fuse_qkv
@@ -50,11 +51,7 @@ def test_fa4_op_is_registered_with_shapes_for_tracing():
 
 
 def _fa4_ready() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability()[0] < 9:
-        return "FlashAttention-4 needs sm90+"
-    return fa4_import_problem()
+    return hopper_skip_reason("FlashAttention-4", fa4_import_problem)
 
 
 def _small_sd3(device: torch.device) -> torch.nn.Module:

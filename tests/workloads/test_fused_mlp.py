@@ -6,6 +6,7 @@ benchmarks/sd3_training.md for the command) and say skip elsewhere.
 
 import pytest
 import torch
+from sd3_helpers import hopper_skip_reason
 from sd3cluster.config import Config
 from sd3cluster.dist import local_runtime
 from sd3cluster.errors import UserError
@@ -56,11 +57,7 @@ def test_quack_feed_forward_leaves_lora_adapted_linears_to_diffusers():
 
 
 def _quack_ready() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability()[0] < 9:
-        return "quack's fused MLP needs sm90+"
-    return quack_mlp_import_problem()
+    return hopper_skip_reason("quack's fused MLP", quack_mlp_import_problem)
 
 
 def test_fused_mlp_equals_diffusers_in_the_model_output_and_gradients():

@@ -5,6 +5,7 @@ machine: benchmarks/sd3_training.md has the command; elsewhere that test says sk
 import pytest
 import torch
 import torch.nn.functional as F
+from sd3_helpers import hopper_skip_reason
 from sd3cluster.errors import UserError
 from sd3cluster.models import quack_mlp_import_problem, resolve_projections
 from sd3cluster.row_blocks import QUACK_MIN_ROWS, joined_linear, quack_takes, split_linear, weight_grad_fills_card
@@ -108,11 +109,7 @@ def test_the_quack_path_traces_with_fake_tensors_its_gemms_opaque(monkeypatch):
 
 
 def _quack_ready() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability()[0] < 9:
-        return "quack's GEMMs here need sm90+"
-    return quack_mlp_import_problem()
+    return hopper_skip_reason("quack's GEMMs", quack_mlp_import_problem)
 
 
 @pytest.mark.parametrize("compiled", [False, True])

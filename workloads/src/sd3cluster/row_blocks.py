@@ -28,8 +28,8 @@ import torch.nn.functional as F
 # Between the measured points: the image stream's 32,768 rows (quack faster), the context's 1,232 (slower); 512^2
 # batch 32's context has 4,928.
 QUACK_MIN_ROWS = 8192
-# a 128 x 192 output tile, the largest sm90 tile of these GEMMs: an output with fewer tiles than the card has SMs
-# leaves SMs idle unless the sum is split
+# the output tile the weight-gradient rule counts with (128 x 192): an output with fewer such tiles than the card has
+# SMs leaves SMs idle unless its sum is split
 _WGRAD_TILE = (128, 192)
 
 

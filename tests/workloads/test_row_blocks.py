@@ -83,6 +83,23 @@ def test_projections_resolve_to_torch_off_hopper_and_quack_asked_for_stops_with_
         resolve_projections("cublas", cpu, half=True, layout="sequence")
 
 
+def test_projections_say_why_not_where_lora_or_float8_replace_the_linears(monkeypatch):
+    """On a (stood-in) Hopper GPU the reasons past the device's: the layout, then what replaced the linears."""
+    from sd3cluster import models
+
+    monkeypatch.setattr(models.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(models, "quack_mlp_import_problem", lambda: None)
+    gpu = torch.device("cuda", 0)
+    assert resolve_projections("auto", gpu, half=True, layout="sequence")[0] == "quack"
+    assert resolve_projections("auto", gpu, half=True, layout="batch")[1].startswith(
+        "torch (auto: model.layout resolved to batch")
+    assert resolve_projections("auto", gpu, half=True, layout="sequence", adapted_by="LoRA adapters") == (
+        "torch", "torch (auto: LoRA adapters on the linears)")
+    with pytest.raises(UserError, match=r"model.projections=quack cannot run here \(float8 \(rowwise\) on the "
+                                        r"linears\); set model.projections=auto or torch"):
+        resolve_projections("quack", gpu, half=True, layout="sequence", adapted_by="float8 (rowwise)")
+
+
 def test_the_quack_path_traces_with_fake_tensors_its_gemms_opaque(monkeypatch):
     """torch.compile traces the ops' backward formulas with fake tensors, which quack's launcher cannot take (the
     step failed so on the GPU once): every quack GEMM of the backward must be the opaque quack_matmul op. Traced on

@@ -56,7 +56,7 @@ class ModelConfig(_Section):
         "few rows, and weight gradients too small to fill the card, stay on cuBLAS, which is faster there; 5.5 to 8% "
         "faster GEMMs for SD3-medium's image stream and a 1.2% faster step on an H100; sm90+, comes with the `fa4` "
         "extra, tuned in the first step like model.mlp's); auto: quack on sm90+ when it imports, for bf16 training in "
-        "the sequence layout, else torch. Printed at start")
+        "the sequence layout without LoRA or float8 linears, else torch. Printed at start")
     activation_checkpointing: bool = False
 
 

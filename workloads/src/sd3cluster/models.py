@@ -224,11 +224,12 @@ def resolve_mlp(name: str, device: torch.device, half: bool, lora: bool) -> tupl
     return "quack", "quack (asked for)"
 
 
-def resolve_projections(name: str, device: torch.device, half: bool, layout: str) -> tuple[str, str]:
+def resolve_projections(name: str, device: torch.device, half: bool, layout: str,
+                        adapted_by: str | None = None) -> tuple[str, str]:
     """(kind, why) for model.projections: the sequence-first blocks' q/k/v and output projections of streams with
     many rows (row_blocks.QUACK_MIN_ROWS) on quack's GEMMs, the others on cuBLAS; auto takes quack on sm90+ when it
-    imports, for half-precision training in the sequence-first layout (where LoRA or float8 adapt the linears, they
-    keep their own forward)."""
+    imports, for half-precision training in the sequence-first layout with plain linears (`adapted_by` names what
+    replaces them otherwise, LoRA's adapters or float8's linears, which keep their own forward)."""
 
     def problem() -> str | None:
         if device.type != "cuda":
@@ -240,6 +241,8 @@ def resolve_projections(name: str, device: torch.device, half: bool, layout: str
             return "fp32 training"
         if layout != "sequence":
             return "model.layout resolved to batch; the sequence-first blocks run these projections"
+        if adapted_by:
+            return f"{adapted_by} on the linears"
         return quack_mlp_import_problem()
 
     return choose_kernel("model.projections", name, "quack",

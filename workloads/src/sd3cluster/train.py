@@ -85,8 +85,10 @@ class Trainer:
             "attention: diffusers' processor (model.fuse_qkv=false; model.attention applies to the fused model)"
         self.norm, norm_why = resolve_norm(cfg.model.norm, rt.device)
         self.layout, layout_why = resolve_layout(cfg.model.layout, cfg.model.fuse_qkv, self.attention, self.norm)
+        adapted_by = ("LoRA adapters" if cfg.train.mode == "lora" else
+                      f"float8 ({cfg.model.float8})" if cfg.model.float8 != "none" else None)
         self.projections, projections_why = resolve_projections(cfg.model.projections, rt.device, self.bf16,
-                                                                self.layout)
+                                                                self.layout, adapted_by)
         if cfg.model.fuse_qkv:
             fuse_qkv(model, attention_backend=self.attention, sequence_first=self.layout == "sequence",
                      projections=self.projections)

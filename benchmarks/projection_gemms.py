@@ -9,7 +9,8 @@ stream (8 x 154 rows), with torch and with quack (tuned per shape as quack's own
 gradient's split over K left to its tuner where the output has fewer tiles than the card has SMs), and quack's
 grouped form that runs both streams' GEMM of a kind in one launch (varlen_m: each stream's rows with its own
 weight). Each case holds the load for about a second (`--seconds`) after a warm-up of as long, so the card sits at
-its power limit as in a step. Every quack result is checked against torch's. GPU (sm90) with quack-kernels only:
+its power limit as in a step. Every quack result is checked against torch's. GPU (sm90), with quack-kernels
+and sd3cluster (workloads/src) importable, only:
 
     python3 benchmarks/projection_gemms.py [--batch 8] [--image-tokens 4096] [--context-tokens 154] [--out r.json]
 """
@@ -37,6 +38,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from quack.gemm_interface import gemm
+    from sd3cluster.row_blocks import weight_grad_fills_card
 
     torch.manual_seed(0)
     c, dev, bf16 = args.width, "cuda", torch.bfloat16
@@ -52,8 +54,9 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def wgrad_split(rows_out: int, cols_out: int):
-        # quack's linear does not split K; here its tuner may where the output alone cannot fill the card
-        return None if (rows_out // 128) * (cols_out // 192) < sms else 1
+        # quack's linear does not split K; here its tuner may where the output alone cannot fill the card (the rule
+        # model.projections keeps such a gradient on cuBLAS by)
+        return 1 if weight_grad_fills_card((rows_out, cols_out), sms) else None
 
     def cases(s: str):
         v, m = t[s], streams[s]

@@ -31,6 +31,14 @@ bench() {  # NAME CASE [extra args]: one case, one process
   python3 benchmarks/sd3_throughput.py --case "$case" --steps 10 --warmup 3 --out "$OUT/$name.json" "$@" 2>&1 \
     | grep -v "^|" | grep -E "^\[|images/s|TFLOP|failed|memory|Error" | tail -40
 }
+gpu_logged() {  # NAME COMMAND...: the command with the card's clock, power and temperature logged every 200 ms
+  # beside it into $OUT/NAME-gpu.csv (kernels held under load run at the power limit's clock, not the boost clock)
+  local name=$1 smi; shift
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 \
+    > "$OUT/$name-gpu.csv" & smi=$!
+  "$@"
+  kill "$smi"
+}
 train_run() {  # sd3cluster train itself, its metrics.jsonl read
   echo "== sd3cluster train, 1024^2, batch 8, 40 steps, a log line every 10"
   rm -rf /tmp/train-run
@@ -63,17 +71,12 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
            bench opt-1024 sd3-medium:1024:8:optimized
            bench opt-torchmlp-1024 sd3-medium:1024:8:optimized:mlp=torch ;;
   # with the card's clock and power logged beside it (FA4 alone runs into the power limit as the step does)
-  fa4layout) nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 \
-               > "$OUT/fa4-layouts-gpu.csv" & smi=$!
-             python3 benchmarks/fa4_layouts.py --out "$OUT/fa4-layouts.json" 2>&1 | grep -E "TFLOP/s|failed|Error"
-             kill "$smi" ;;
+  fa4layout) gpu_logged fa4-layouts python3 benchmarks/fa4_layouts.py --out "$OUT/fa4-layouts.json" 2>&1 \
+               | grep -E "TFLOP/s|failed|Error" ;;
   # the attention projections' GEMMs, cuBLAS against quack (the feed-forward's GEMMs run faster on quack), the
   # card's clock and power logged beside them
-  projgemm) nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 \
-              > "$OUT/projection-gemms-gpu.csv" & smi=$!
-            python3 benchmarks/projection_gemms.py --out "$OUT/projection-gemms.json" 2>&1 \
-              | grep -E "TFLOP/s|failed|a step|Error"
-            kill "$smi" ;;
+  projgemm) gpu_logged projection-gemms python3 benchmarks/projection_gemms.py \
+              --out "$OUT/projection-gemms.json" 2>&1 | grep -E "TFLOP/s|failed|a step|Error" ;;
   # the attention projections on quack (model.projections, run 19): its GPU test, the step with it and without
   proj) python3 -m pytest -q tests/workloads/test_row_blocks.py 2>&1 | tail -3
         bench opt-1024 sd3-medium:1024:8:optimized

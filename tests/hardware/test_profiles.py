@@ -92,12 +92,12 @@ def test_threshold_is_expected_times_fraction():
     t = hw.thresholds(PROFILES, 0.8, gpu="h200", gpus_per_node=8, network="ib-ndr", nics=8)
     assert t[hw.GEMM]["expected"] == 770.0 and t[hw.GEMM]["threshold"] == 616.0
     assert t[hw.GEMM]["source"] == "measured"
-    assert t[hw.TRAIN]["threshold"] == pytest.approx(12.8)
+    assert t[hw.TRAIN]["threshold"] == pytest.approx(15.2)
     assert t[hw.MEMORY]["expected"] == 4288.0 and t[hw.MEMORY]["source"] == "measured"
-    datasheet = hw.thresholds(PROFILES, 0.8, gpu="h100-sxm")[hw.MEMORY]
-    assert datasheet["expected"] == pytest.approx(3350 * 0.85)
-    assert datasheet["threshold"] == pytest.approx(3350 * 0.85 * 0.8)
-    assert datasheet["source"].startswith("datasheet peak 3350 x 0.85")
+    datasheet = hw.thresholds(PROFILES, 0.8, gpu="a100-sxm-80gb")[hw.MEMORY]
+    assert datasheet["expected"] == pytest.approx(2039 * 0.85)
+    assert datasheet["threshold"] == pytest.approx(2039 * 0.85 * 0.8)
+    assert datasheet["source"].startswith("datasheet peak 2039 x 0.85")
     assert t[hw.INTRA]["threshold"] == pytest.approx(360 * 0.8)
     assert t[hw.INTER]["expected"] == pytest.approx(8 * 50 * 0.8)
     half = hw.thresholds(PROFILES, 0.5, gpu="h200")
@@ -155,10 +155,13 @@ def test_every_number_says_where_it_comes_from():
         10, 25, 100, 200, 400}
 
 
-def test_the_h200_numbers_are_the_ones_measured_here():
+def test_the_h200_and_h100_numbers_are_the_ones_measured_here():
     h200 = PROFILES["gpus"]["h200"]
     assert h200["gemm_bf16_tflops"]["measured"] == 770
-    assert h200["train_images_per_s"]["measured"] == 16.0
+    assert h200["train_images_per_s"]["measured"] == 19.0
+    h100 = PROFILES["gpus"]["h100-sxm"]
+    assert (h100["gemm_bf16_tflops"]["measured"], h100["memory_bandwidth_gb_s"]["measured"],
+            h100["train_images_per_s"]["measured"]) == (794, 3016, 19.1)
 
 
 def test_a_broken_data_file_is_a_clear_error(tmp_path):

@@ -9,7 +9,9 @@ import pytest
 from sd3_helpers import TINY, sd3cluster
 from sd3cluster import hardware
 from sd3cluster.config import ConfigError, load_config
-from sd3cluster.verify import FAIL, PASS, SKIP, Check, Limit, Report, _judge, resolve_limits
+import torch
+from sd3cluster.dist import local_runtime
+from sd3cluster.verify import FAIL, PASS, SKIP, Check, Limit, Report, _judge, _per_gpu, resolve_limits
 
 
 def test_limits_of_an_h200_node_come_from_its_profile():
@@ -17,7 +19,7 @@ def test_limits_of_an_h200_node_come_from_its_profile():
     limits = resolve_limits(cfg, "NVIDIA H200", gpus_on_node=8, nodes=2)
     assert limits[hardware.GEMM].threshold == 616.0
     assert "770 expected (measured) x 0.8" in limits[hardware.GEMM].source
-    assert limits[hardware.TRAIN].threshold == pytest.approx(12.8)
+    assert limits[hardware.TRAIN].threshold == pytest.approx(15.2)
     assert limits[hardware.INTRA].threshold == pytest.approx(288.0)
     assert limits[hardware.INTER].threshold == pytest.approx(8 * 50 * 0.8 * 0.8)
 
@@ -26,7 +28,7 @@ def test_explicit_thresholds_replace_the_profile_and_the_fraction_scales_it():
     cfg = load_config(overrides=["verify.min_gemm_tflops=700", "verify.threshold_fraction=0.5"])
     limits = resolve_limits(cfg, "NVIDIA H200", gpus_on_node=1, nodes=1)
     assert limits[hardware.GEMM] == Limit(700.0, "verify.min_gemm_tflops, set explicitly")
-    assert limits[hardware.TRAIN].threshold == 8.0
+    assert limits[hardware.TRAIN].threshold == pytest.approx(9.5)
     assert limits[hardware.INTRA].threshold is None  # one GPU
     assert limits[hardware.INTER].threshold is None  # one node
 
@@ -67,6 +69,18 @@ def test_a_slow_gpu_fails_naming_the_number_and_the_threshold():
     assert "385 TFLOP/s, below the threshold 616 TFLOP/s (profile h200)" in check.detail
     assert _judge("gpu_gemm_bf16", hardware.GEMM, 700.0, Limit(616.0, "x"), "").status == PASS
     assert _judge("gpu_gemm_bf16", hardware.GEMM, 700.0, Limit(None, "no profile"), "").status == SKIP
+
+
+def test_a_slow_training_gpu_names_the_kernels_it_ran_with():
+    # a GPU without the fa4 extra trains slower: the failing check must say so, not only the number
+    rt = local_runtime(torch.device("cuda", 0))  # the measurement is given, no GPU is touched
+    check = _per_gpu(rt, "gpu_training_images_per_s", hardware.TRAIN, Limit(15.2, "profile h200"),
+                     lambda: (12.5, "kernels: attention: cudnn (auto: flash-attn-4 is not installed)"))
+    assert check.status == FAIL
+    assert "below the threshold 15.2" in check.detail
+    assert check.detail.endswith(": kernels: attention: cudnn (auto: flash-attn-4 is not installed)")
+    gemm = _per_gpu(rt, "gpu_gemm_bf16", hardware.GEMM, Limit(616.0, "x"), lambda: (700.0, ""))
+    assert gemm.status == PASS and "kernels" not in gemm.detail and not gemm.detail.endswith("; ")
 
 
 def test_skips_do_not_fail_the_report_but_a_failure_does():

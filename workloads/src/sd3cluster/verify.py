@@ -292,12 +292,14 @@ def _per_gpu(rt: Runtime, name: str, check: str, limit: Limit, measure: Any) -> 
     broken = [f"{h}:{lr} {w}" for h, lr, _, w, b in everyone if b]
     if broken:
         return Check(name, FAIL, None, limit.threshold, hardware.UNITS[check], "; ".join(broken)[:2000])
-    got = [(v, h, lr) for h, lr, v, _, _ in everyone if v is not None]
+    got = [(v, h, lr, w) for h, lr, v, w, _ in everyone if v is not None]
     if not got:
         return Check(name, SKIP, None, limit.threshold, hardware.UNITS[check], everyone[0][3])
     slowest = min(got)
     detail = f"slowest GPU {slowest[1]}:{slowest[2]} of {len(got)}; " + ", ".join(
-        f"{h}:{lr} {v:.4g}" for v, h, lr in sorted(got, key=lambda g: (g[1], g[2])))
+        f"{h}:{lr} {v:.4g}" for v, h, lr, _ in sorted(got, key=lambda g: (g[1], g[2])))
+    if slowest[3]:  # what the measurement says of how it ran there (the training check: its kernels)
+        detail += f"; on {slowest[1]}:{slowest[2]}: {slowest[3]}"
     return _judge(name, check, slowest[0], limit, detail)
 
 
@@ -316,7 +318,8 @@ def _gpu_training_config(cfg: Config, preset: dict[str, Any], workdir: Path) -> 
 
 
 def gpu_training_images_per_s(cfg: Config, rt: Runtime, workdir: Path) -> tuple[float | None, str]:
-    """The fixed verify preset on this GPU alone (no communication): images/s after its warm-up steps."""
+    """The fixed verify preset on this GPU alone (no communication): images/s after its warm-up steps, and the
+    kernels it ran with (a GPU without the fa4 extra trains slower: the detail shows it)."""
     preset = hardware.load_profiles()["verify_preset"]
     memory_gb = torch.cuda.get_device_properties(rt.device).total_memory / 1e9
     if memory_gb < preset["min_memory_gb"] * 0.95:  # vendors' "80 GB" is 79.x GiB-ish in bytes
@@ -336,7 +339,7 @@ def gpu_training_images_per_s(cfg: Config, rt: Runtime, workdir: Path) -> tuple[
         seconds = time.perf_counter() - start
     finally:
         trainer.close()
-    return preset["timed_steps"] * preset["batch_size"] / seconds, ""
+    return preset["timed_steps"] * preset["batch_size"] / seconds, f"kernels: {trainer.kernel_note}"
 
 
 def node_layout(rt: Runtime) -> dict[str, list[int]]:

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from sd3_helpers import TINY, sd3cluster
 from sd3cluster import hardware
 from sd3cluster.config import ConfigError, load_config
-import torch
 from sd3cluster.dist import local_runtime
 from sd3cluster.verify import FAIL, PASS, SKIP, Check, Limit, Report, _judge, _per_gpu, resolve_limits
 

@@ -5,7 +5,7 @@
 # results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
 #     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [layout] [final1024] [final512]
-#     [chain] [ab] [fa4layout] [ref1024] [projgemm] [proj] [health]
+#     [chain] [ab] [fa4layout] [ref1024] [projgemm] [proj] [health] [normcfg]
 # BASE: other commits' copies of the package's source, each made here by
 #   mkdir -p .gpubase/REV && git archive REV workloads/src | tar -x -C .gpubase/REV
 # and carried (.gpubase): part `ab` runs the optimized step from this tree and from each folder BASE names (spaces
@@ -85,6 +85,9 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   # prod install (the fa4 extra, printed as importing at the top): its per-GPU training check measures the
   # profiles' train_images_per_s
   health) OUT="$OUT/health" bash benchmarks/gpu_health_and_profiles.sh | tail -14 ;;
+  # the fused adaLN kernels alone under other launch configurations (rows per program, warps), the clock logged
+  normcfg) gpu_logged adaln-configs python3 benchmarks/adaln_kernel_configs.py --out "$OUT/adaln-configs.json" 2>&1 \
+             | grep -E "GB/s|DIFFERS|failed|Error" ;;
   fa4bwd) python3 benchmarks/fa4_backward_configs.py --out "$OUT/fa4-bwd-configs.json" 2>&1 \
             | grep -E "TFLOP/s|failed:" | tail -15 ;;
   # Inductor's reductions over SD3's 1536 channels are looped (two passes over a row) unless persistent

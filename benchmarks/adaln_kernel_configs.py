@@ -1,13 +1,12 @@
 """sd3cluster's fused adaLN kernels at SD3-medium's image-stream shape under several launch configurations.
 
-`fused_norm` launches its backward with 32 rows per program, `BACKWARD_TILE` of them at once, and 8 warps, its
-forward with one row per program and 8 warps (`backward_rows`, `_launch_options`); in a training step's kernel
-table (run 19, an H100) the image stream's backward kernels moved about 60% of the bytes the card's bandwidth
-allows, the forward's about 75%. This times the
-raw kernels (no autograd, no custom-op dispatch) at 1024^2 batch 8 in the sequence-first layout the step uses (4096
-tokens x 8 samples x 1536 channels, bf16 stream and branch), for the plain norm (norm1: its dx plus the residual's
-gradient) and the gated one (norm2: also the branch and its bias), under each candidate, with every output compared
-with the default's. GPU only:
+`fused_norm` launches its backward with 32 rows per program and 8 warps, its forward with one row per program and
+8 warps (`backward_rows`, `_launch_options`); in a training step's kernel table (run 19, an H100) the image
+stream's backward kernels moved about 60% of the bytes the card's bandwidth allows, the forward's about 75%. This
+times the raw kernels (no autograd, no custom-op dispatch) at 1024^2 batch 8 in the sequence-first layout the step
+uses (4096 tokens x 8 samples x 1536 channels, bf16 stream and branch), for the plain norm (norm1: its dx plus the
+residual's gradient) and the gated one (norm2: also the branch and its bias), under each candidate, with every
+output compared with the default's (benchmarks/sd3_training.md, run 20). GPU only:
 
     PYTHONPATH=workloads/src python3 benchmarks/adaln_kernel_configs.py [--batch 8] [--tokens 4096] [--out r.json]
 """
@@ -25,7 +24,6 @@ from cuda_timing import time_cuda
 
 BACKWARD_ROWS = (16, 32, 64)
 WARPS = (4, 8, 16)
-TILES = (1, 2, 4)  # rows a backward program works on at once
 
 
 def main() -> int:
@@ -88,27 +86,27 @@ def main() -> int:
                   f"{forward_bytes / seconds / 1e9:6.0f} GB/s{'' if same else '  DIFFERS from the default'}",
                   flush=True)
         default = None
-        for rows, warps, tile in itertools.product(BACKWARD_ROWS, WARPS, TILES):
+        for rows, warps in itertools.product(BACKWARD_ROWS, WARPS):
             parts = -(-n // rows)
             dx, dbranch = torch.empty_like(x), torch.empty_like(x)
             partial = torch.empty((4 if gated else 2, b, parts, c), device=dev, dtype=torch.float32)
 
-            def bwd(rows=rows, w=warps, tile=tile, dx=dx, dbranch=dbranch, partial=partial, parts=parts, g=gated,
+            def bwd(rows=rows, w=warps, dx=dx, dbranch=dbranch, partial=partial, parts=parts, g=gated,
                     mean=mean, rstd=rstd):
                 backward[(b, parts)](x, branch, gate, bias, scale, dy, dh, mean, rstd, dx, dbranch, partial, n, c,
                                      mods.stride(0), parts, b, GATED=g, HAS_BIAS=g, HAS_DH=True, SEQ_FIRST=True,
-                                     BLOCK_C=block_c, ROWS=rows, TILE=tile, num_warps=w)
+                                     BLOCK_C=block_c, ROWS=rows, num_warps=w)
 
-            label = f"{name:20s} backward rows {rows:2d} warps {warps:2d} tile {tile}"
+            label = f"{name:20s} backward rows {rows:2d} warps {warps:2d}"
             try:
                 seconds = time_cuda(bwd, iters=50, warmup=3)
             except Exception as e:  # a configuration the compiler refuses (registers) is a line, not the end
                 print(f"{label} failed: {type(e).__name__}: {e}"[:300], flush=True)
                 continue
             outs = (dx, dbranch, partial.sum(2))  # dbranch is written only by the gated kernel
-            if default is None or (rows, warps, tile) == (fused_norm.backward_rows(b * n), 8, fused_norm.BACKWARD_TILE):
+            if default is None or (rows, warps) == (fused_norm.backward_rows(b * n), 8):
                 default = outs  # the default launch's (the first's until it comes)
-            results.append({"kernel": f"{name} backward", "rows": rows, "warps": warps, "tile": tile,
+            results.append({"kernel": f"{name} backward", "rows": rows, "warps": warps,
                             "ms": seconds * 1e3, "gb_s": backward_bytes / seconds / 1e9, "outputs": outs})
             print(f"{label} {seconds * 1e3:7.3f} ms {backward_bytes / seconds / 1e9:6.0f} GB/s", flush=True)
         # every configuration's outputs against the default's (the same rows' sums, added in another order)
@@ -121,8 +119,7 @@ def main() -> int:
                 result["matches_default"] = same
                 failed += not same
                 if not same:
-                    print(f"{name} backward rows {result['rows']} warps {result['warps']} tile {result['tile']}: "
-                          "DIFFERS from the default")
+                    print(f"{name} backward rows {result['rows']} warps {result['warps']}: DIFFERS from the default")
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=1))
     return 1 if failed else 0

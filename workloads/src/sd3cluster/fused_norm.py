@@ -52,10 +52,6 @@ def backward_rows(rows: int) -> int:
     return 32 if rows >= 16384 else 8
 
 
-# Rows the adaLN backward kernel works on at once (its loads in flight together); a divisor of backward_rows.
-BACKWARD_TILE = 1
-
-
 def backward_parts(batch: int, tokens: int) -> int:
     """The backward programs along one sample's tokens, each writing one partial sum per plane."""
     return -(-tokens // backward_rows(batch * tokens))
@@ -110,49 +106,45 @@ def _kernels() -> tuple[Any, Any, Any, Any]:
     def triton_adaln_backward(X, BRANCH, GATE, BIAS, SCALE, DY, DH, MEAN, RSTD, DX, DBRANCH, PARTIAL, tokens,
                               channels, mod_stride, parts, samples, GATED: tl.constexpr, HAS_BIAS: tl.constexpr,
                               HAS_DH: tl.constexpr, SEQ_FIRST: tl.constexpr, BLOCK_C: tl.constexpr,
-                              ROWS: tl.constexpr, TILE: tl.constexpr):
-        # TILE rows at a time, (TILE, BLOCK_C) blocks: their loads are in flight together, where one row at a time
-        # waits on each row's two reductions before the next row's loads are issued
-        tl.static_assert(ROWS % TILE == 0)
+                              ROWS: tl.constexpr):
         sample = tl.program_id(0)
         part = tl.program_id(1)
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < channels
         mod = sample * mod_stride + cols
-        scale = tl.load(SCALE + mod, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        gate = tl.zeros([1, BLOCK_C], dtype=tl.float32)
-        bias = tl.zeros([1, BLOCK_C], dtype=tl.float32)
+        scale = tl.load(SCALE + mod, mask=cmask, other=0.0).to(tl.float32)
+        gate = tl.zeros([BLOCK_C], dtype=tl.float32)
+        bias = tl.zeros([BLOCK_C], dtype=tl.float32)
         if GATED:
-            gate = tl.load(GATE + mod, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            gate = tl.load(GATE + mod, mask=cmask, other=0.0).to(tl.float32)
         if HAS_BIAS:
-            bias = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        # per-row partial sums, added over the tile's rows once at the end
-        sum_dx = tl.zeros([TILE, BLOCK_C], dtype=tl.float32)
-        sum_dy = tl.zeros([TILE, BLOCK_C], dtype=tl.float32)
-        sum_dy_xhat = tl.zeros([TILE, BLOCK_C], dtype=tl.float32)
-        sum_dh_branch = tl.zeros([TILE, BLOCK_C], dtype=tl.float32)
-        for first in range(0, ROWS, TILE):
-            token = part * ROWS + first + tl.arange(0, TILE)
+            bias = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
+        sum_dx = tl.zeros([BLOCK_C], dtype=tl.float32)
+        sum_dy = tl.zeros([BLOCK_C], dtype=tl.float32)
+        sum_dy_xhat = tl.zeros([BLOCK_C], dtype=tl.float32)
+        sum_dh_branch = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for r in range(ROWS):
+            token = part * ROWS + r
             valid = token < tokens
-            mask = cmask[None, :] & valid[:, None]
+            mask = cmask & valid
             row = token * samples + sample if SEQ_FIRST else sample * tokens + token
-            offsets = row.to(tl.int64)[:, None] * channels + cols[None, :]
+            offsets = row.to(tl.int64) * channels + cols
             x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
-            branch = tl.zeros([TILE, BLOCK_C], dtype=tl.float32)
+            branch = tl.zeros([BLOCK_C], dtype=tl.float32)
             if GATED:
                 branch = tl.load(BRANCH + offsets, mask=mask, other=0.0).to(tl.float32)
                 if HAS_BIAS:
                     branch = tl.where(mask, branch + bias, 0.0)
                 x = x + gate * branch
-            mean = tl.load(MEAN + row, mask=valid, other=0.0)[:, None]
-            rstd = tl.load(RSTD + row, mask=valid, other=0.0)[:, None]
+            mean = tl.load(MEAN + row, mask=valid, other=0.0)
+            rstd = tl.load(RSTD + row, mask=valid, other=0.0)
             xhat = tl.where(mask, (x - mean) * rstd, 0.0)
             dy = tl.load(DY + offsets, mask=mask, other=0.0).to(tl.float32)
             sum_dy += dy
             sum_dy_xhat += dy * xhat
             dxhat = dy * (1.0 + scale)
-            mean_dxhat = tl.sum(dxhat, axis=1)[:, None] / channels
-            mean_dxhat_xhat = tl.sum(dxhat * xhat, axis=1)[:, None] / channels
+            mean_dxhat = tl.sum(dxhat, axis=0) / channels
+            mean_dxhat_xhat = tl.sum(dxhat * xhat, axis=0) / channels
             dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd
             if HAS_DH:
                 dx += tl.load(DH + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -165,12 +157,12 @@ def _kernels() -> tuple[Any, Any, Any, Any]:
         # and with a bias the sum of dx (the bias's gradient is that times the gate, summed over the samples).
         out = (sample * parts + part).to(tl.int64) * channels + cols
         plane = samples * parts * channels
-        tl.store(PARTIAL + out, tl.sum(sum_dy, axis=0), mask=cmask)
-        tl.store(PARTIAL + plane + out, tl.sum(sum_dy_xhat, axis=0), mask=cmask)
+        tl.store(PARTIAL + out, sum_dy, mask=cmask)
+        tl.store(PARTIAL + plane + out, sum_dy_xhat, mask=cmask)
         if GATED:
-            tl.store(PARTIAL + 2 * plane + out, tl.sum(sum_dh_branch, axis=0), mask=cmask)
+            tl.store(PARTIAL + 2 * plane + out, sum_dh_branch, mask=cmask)
         if HAS_BIAS:
-            tl.store(PARTIAL + 3 * plane + out, tl.sum(sum_dx, axis=0), mask=cmask)
+            tl.store(PARTIAL + 3 * plane + out, sum_dx, mask=cmask)
 
     @triton.jit
     def triton_gated_residual_forward(H, BRANCH, GATE, BIAS, OUT, tokens, samples, channels, mod_stride,
@@ -282,7 +274,6 @@ def _backward(dy: torch.Tensor, dh: torch.Tensor | None, x: torch.Tensor, branch
                                     dh.contiguous() if dh is not None else dy, mean, rstd,
                                     dx, dbranch, partial, tokens, channels, mod_stride, parts, batch, GATED=gated,
                                     HAS_BIAS=bias is not None, HAS_DH=dh is not None, SEQ_FIRST=seq_first, ROWS=rows,
-                                    TILE=BACKWARD_TILE,
                                     **_launch_options(channels))
     return dx, dbranch, partial
 

@@ -11,17 +11,38 @@ mkdir -p "$logs"
 # A scenario that fails while its nodes are made (create) or given their starting state (prepare) is
 # run once more: those steps only start containers and fetch packages, and a package cache answering
 # many nodes at once can hand out a broken package list. A failure in converge, idempotence or verify
-# is never retried.
-run_molecule() {
-  local scenario=$1
-  molecule test -s "$scenario" >"$logs/$scenario.log" 2>&1 && return 0
-  if grep -Eq "➜ (create|prepare): Executed: Failed" "$logs/$scenario.log"; then
-    mv "$logs/$scenario.log" "$logs/$scenario.first-try.log"
-    printf '[molecule] %-12s failed in create/prepare; running it once more (first log: %s)\n' \
-      "$scenario" "$logs/$scenario.first-try.log"
-    molecule test -s "$scenario" >"$logs/$scenario.log" 2>&1 && return 0
+# is never retried. A scenario still running after MOLECULE_SCENARIO_TIMEOUT_S seconds (the slowest,
+# slurm, takes about 10 minutes) is stopped and run once more: a hang is the environment's (an apt-get
+# update once waited forever on a download the package cache had cut short), and without a limit it
+# would hold the whole run; a second hang fails it. `molecule test` starts by destroying its nodes.
+timeout_s=${MOLECULE_SCENARIO_TIMEOUT_S:-1500}
+# One try of a scenario; one that ran past the limit has its nodes removed (a stopped molecule leaves them).
+try_molecule() {
+  local scenario=$1 rc
+  timeout --kill-after=60 "$timeout_s" molecule test -s "$scenario" >"$logs/$scenario.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    timeout 300 molecule destroy -s "$scenario" >>"$logs/$scenario.log" 2>&1
+    echo "(stopped after $timeout_s s, MOLECULE_SCENARIO_TIMEOUT_S; its nodes removed)" >>"$logs/$scenario.log"
   fi
-  return 1
+  return "$rc"
+}
+run_molecule() {
+  local scenario=$1 rc why
+  try_molecule "$scenario"
+  rc=$?
+  [[ $rc -eq 0 ]] && return 0
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    why="ran past MOLECULE_SCENARIO_TIMEOUT_S=$timeout_s s and was stopped"
+  elif grep -Eq "➜ (create|prepare): Executed: Failed" "$logs/$scenario.log"; then
+    why="failed in create/prepare"
+  else
+    return 1
+  fi
+  mv "$logs/$scenario.log" "$logs/$scenario.first-try.log"
+  printf '[molecule] %-12s %s; running it once more (first log: %s)\n' "$scenario" "$why" \
+    "$logs/$scenario.first-try.log"
+  try_molecule "$scenario"
 }
 
 run_one() {
@@ -45,8 +66,8 @@ failed_task() {
     last_task != "" && n < 10 { message = message $0 "\n"; n++ }
     END { if (last_task != "") printf "%s\n%s", last_task, message; else print "  (no failed task in the log)" }'
 }
-export -f run_molecule run_one
-export logs
+export -f try_molecule run_molecule run_one
+export logs timeout_s
 rm -f "$logs/failed"
 printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c 'run_one {}'
 status=$?

@@ -12,10 +12,11 @@ mkdir -p "$logs"
 # run once more: those steps only start containers and fetch packages, and a package cache answering
 # many nodes at once can hand out a broken package list. A failure in converge, idempotence or verify
 # is never retried. A scenario still running after MOLECULE_SCENARIO_TIMEOUT_S seconds (the slowest,
-# slurm, takes about 10 minutes) is stopped and run once more: a hang is the environment's (an apt-get
-# update once waited forever on a download the package cache had cut short), and without a limit it
-# would hold the whole run; a second hang fails it. `molecule test` starts by destroying its nodes.
-timeout_s=${MOLECULE_SCENARIO_TIMEOUT_S:-1500}
+# slurm, takes about 10 minutes) is stopped and run once more: a hang is the environment's (gpu_stack's
+# apt-get update, through the package cache, twice waited forever with its gpgv method in two rehearsals
+# of .ci/run, and passed when run again alone), and without a limit it would hold the whole run; a
+# second hang fails it. `molecule test` starts by destroying its nodes.
+timeout_s=${MOLECULE_SCENARIO_TIMEOUT_S:-900}
 # One try of a scenario; one that ran past the limit has its nodes removed (a stopped molecule leaves them).
 try_molecule() {
   local scenario=$1 rc

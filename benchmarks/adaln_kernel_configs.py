@@ -47,7 +47,8 @@ def main() -> int:
     mods = rand(b, 3 * c)  # gate, shift, scale as the chunks of one modulation output, as the blocks pass them
     gate, shift, scale = mods[:, :c], mods[:, c:2 * c], mods[:, 2 * c:]
     bias = rand(c)
-    block_c = fused_norm._launch_options(c)["BLOCK_C"]
+    launch = fused_norm._launch_options(c)  # the default launch: BLOCK_C and num_warps
+    block_c, default_warps = launch["BLOCK_C"], launch["num_warps"]
     element = b * n * c
     results, failed = [], 0
 
@@ -59,7 +60,7 @@ def main() -> int:
         mean = torch.empty(b * n, device=dev, dtype=torch.float32)
         rstd = torch.empty_like(mean)
         forward[(b * n,)](x, branch, gate, bias, shift, scale, h, y, mean, rstd, n, b, c, mods.stride(0), 1e-6,
-                          GATED=gated, HAS_BIAS=gated, SEQ_FIRST=True, BLOCK_C=block_c, num_warps=8)
+                          GATED=gated, HAS_BIAS=gated, SEQ_FIRST=True, **launch)
         return h, y, mean, rstd
 
     for gated in (False, True):
@@ -104,7 +105,7 @@ def main() -> int:
                 print(f"{label} failed: {type(e).__name__}: {e}"[:300], flush=True)
                 continue
             outs = (dx, dbranch, partial.sum(2))  # dbranch is written only by the gated kernel
-            if default is None or (rows, warps) == (fused_norm.backward_rows(b * n), 8):
+            if default is None or (rows, warps) == (fused_norm.backward_rows(b * n), default_warps):
                 default = outs  # the default launch's (the first's until it comes)
             results.append({"kernel": f"{name} backward", "rows": rows, "warps": warps,
                             "ms": seconds * 1e3, "gb_s": backward_bytes / seconds / 1e9, "outputs": outs})

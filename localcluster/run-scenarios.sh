@@ -17,12 +17,14 @@ mkdir -p "$logs"
 # of .ci/run, and passed when run again alone), and without a limit it would hold the whole run; a
 # second hang fails it. `molecule test` starts by destroying its nodes.
 timeout_s=${MOLECULE_SCENARIO_TIMEOUT_S:-900}
+# timeout's exit status for a command it stopped (TERM, then KILL after --kill-after)
+stopped() { [[ $1 -eq 124 || $1 -eq 137 ]]; }
 # One try of a scenario; one that ran past the limit has its nodes removed (a stopped molecule leaves them).
 try_molecule() {
   local scenario=$1 rc
   timeout --kill-after=60 "$timeout_s" molecule test -s "$scenario" >"$logs/$scenario.log" 2>&1
   rc=$?
-  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+  if stopped "$rc"; then
     timeout 300 molecule destroy -s "$scenario" >>"$logs/$scenario.log" 2>&1
     echo "(stopped after $timeout_s s, MOLECULE_SCENARIO_TIMEOUT_S; its nodes removed)" >>"$logs/$scenario.log"
   fi
@@ -33,7 +35,7 @@ run_molecule() {
   try_molecule "$scenario"
   rc=$?
   [[ $rc -eq 0 ]] && return 0
-  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+  if stopped "$rc"; then
     why="ran past MOLECULE_SCENARIO_TIMEOUT_S=$timeout_s s and was stopped"
   elif grep -Eq "➜ (create|prepare): Executed: Failed" "$logs/$scenario.log"; then
     why="failed in create/prepare"
@@ -67,7 +69,7 @@ failed_task() {
     last_task != "" && n < 10 { message = message $0 "\n"; n++ }
     END { if (last_task != "") printf "%s\n%s", last_task, message; else print "  (no failed task in the log)" }'
 }
-export -f try_molecule run_molecule run_one
+export -f stopped try_molecule run_molecule run_one
 export logs timeout_s
 rm -f "$logs/failed"
 printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c 'run_one {}'

@@ -70,7 +70,12 @@ def test_too_slow_for_the_profile_fails_with_both_numbers():
     slow = H200_PER_GPU * 16 * 0.9
     got = check(job_result=result(images_per_s=slow))
     assert not got["passed"]
-    assert got["detail"] == f"{slow} images/s, below the threshold {H200_PER_GPU * 16:.4g} (hardware profile x 0.8)"
+    assert got["detail"] == (f"{slow} images/s, below the threshold {H200_PER_GPU * 16:.4g} (hardware profile x 0.8)"
+                             + flt.SPANS_NODES.format(nodes=2))
+    assert "the network between the nodes" in got["detail"]
+    # On one node the network is not in the step, and the detail does not blame it.
+    one_node = check(job_result=result(nodes=1, world=8, images_per_s=H200_PER_GPU * 8 * 0.9), nodes=1)
+    assert not one_node["passed"] and "network" not in one_node["detail"]
     # No metrics at all under a threshold is a failure too, never a pass.
     got = check(job_result=result(images_per_s=None))
     assert not got["passed"] and got["detail"].startswith("None images/s, below the threshold")

@@ -21,6 +21,11 @@ _load = runpy.run_path(str(Path(__file__).resolve().parents[1] / "module_utils" 
 hardware = _load("workloads/src/sd3cluster/hardware.py")
 values = _load("ansible/plugins/module_utils/values.py")
 
+# Why a run across nodes can be slow while every GPU is fast: DDP sums all of SD3-medium's gradients in fp32 (8 GB)
+# between the nodes every step, which a 10GbE network carries in seconds, not in the step's half second.
+SPANS_NODES = ("; the job spans {nodes} nodes and every step sums all gradients across them: "
+               "where sd3cluster verify's gpu_training check passes, the network between the nodes is what is slow "
+               "(see this report's network checks)")
 NO_SPEED_THRESHOLD = "no speed threshold (the job config is not the profiles' verify preset, or no GPU profile)"
 
 
@@ -73,7 +78,7 @@ def verify_training_check(sbatch, result, job_config, gpu_profile, fraction, nod
     # `not >=`: a missing or NaN speed under a threshold fails.
     if min_images_per_s is not None and not (values.number(images_per_s) >= min_images_per_s):
         problems.append(f"{images_per_s} images/s, below the threshold {min_images_per_s:.4g} "
-                        f"(hardware profile x {fraction})")
+                        f"(hardware profile x {fraction}){SPANS_NODES.format(nodes=nodes) if nodes > 1 else ''}")
     job_id = (sbatch.get("stdout_lines") or ["none"])[0]
     speed = f", >= {min_images_per_s:.4g} images/s" if min_images_per_s is not None else f", {NO_SPEED_THRESHOLD}"
     return {

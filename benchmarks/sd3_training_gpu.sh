@@ -4,7 +4,7 @@
 # under WHEELS, as benchmarks/gpu_wheels.sh fetches them, the CUTLASS libraries already unpacked into SITE,
 # results written to OUT):
 #   WHEELS=.gpuwhl OUT=/tmp/out bash benchmarks/sd3_training_gpu.sh [tests] [attention] [1024] [train] [512] [split] [mlp] [mlp1024]
-#     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [layout] [final1024] [final512]
+#     [normtests] [norms] [fa4bwd] [knobs] [caches] [restore] [adamw] [layout] [final1024] [targets1024] [final512]
 #     [chain] [ab] [fa4layout] [ref1024] [projgemm] [proj] [health] [normcfg]
 # BASE: other commits' copies of the package's source, each made here by
 #   mkdir -p .gpubase/REV && git archive REV workloads/src | tar -x -C .gpubase/REV
@@ -129,6 +129,10 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
              bench opt-1024 sd3-medium:1024:8:optimized
              train_run
              bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch ;;
+  # the three cases the 1024^2 targets need (final1024 without its torch-AdamW comparison), for a short device call
+  targets1024) bench ref-1024 sd3-medium:1024:8:reference
+               bench opt-1024 sd3-medium:1024:8:optimized
+               train_run ;;
   final512) bench ref-512 sd3-medium:512:32:reference
             bench opt-512 sd3-medium:512:32:optimized ;;
   # one change against the tree it was made on (BASE), each step traced for the split and the kernel table. Each

@@ -37,7 +37,7 @@ run_molecule() {
   [[ $rc -eq 0 ]] && return 0
   if stopped "$rc"; then
     why="ran past MOLECULE_SCENARIO_TIMEOUT_S=$timeout_s s and was stopped"
-  elif grep -Eq "➜ (create|prepare): Executed: Failed" "$logs/$scenario.log"; then
+  elif [[ $(python3 localcluster/molecule_failure.py step "$logs/$scenario.log") =~ ^(create|prepare)$ ]]; then
     why="failed in create/prepare"
   else
     return 1
@@ -60,24 +60,18 @@ run_one() {
     return 1
   fi
 }
-# The failing task and its message, printed again once every scenario has ended: the log tails above
-# are interleaved and long, and whoever reads only the end of the output should see why it failed.
-failed_task() {
-  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '
-    /TASK \[/ { task = $0 }
-    /fatal: \[|FAILED!/ { last_task = task; n = 0; message = "" }
-    last_task != "" && n < 10 { message = message $0 "\n"; n++ }
-    END { if (last_task != "") printf "%s\n%s", last_task, message; else print "  (no failed task in the log)" }'
-}
 export -f stopped try_molecule run_molecule run_one
 export logs timeout_s
 rm -f "$logs/failed"
 printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c 'run_one {}'
 status=$?
+# Why each failed scenario failed (the step, molecule's complaint, the last failed task and its message),
+# printed again once every scenario has ended: the log tails above are interleaved and long, and whoever
+# reads only the end of the output should see why it failed.
 if [[ -s $logs/failed ]]; then
   while read -r scenario; do
-    printf '[molecule] %s failed; its last failed task (log: %s):\n' "$scenario" "$logs/$scenario.log"
-    failed_task "$logs/$scenario.log" | cut -c1-400
+    printf '[molecule] %s failed; why (log: %s):\n' "$scenario" "$logs/$scenario.log"
+    python3 localcluster/molecule_failure.py summary "$logs/$scenario.log" | cut -c1-400
   done <"$logs/failed"
 fi
 exit "$status"

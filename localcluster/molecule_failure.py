@@ -4,10 +4,12 @@
 
 run-scenarios.sh prints the summary once every scenario has ended, and asks for the failed step to decide whether a
 failure is the environment's (create and prepare only start containers and fetch packages) and worth one more try.
-molecule colours its log, so both read it with the colour codes taken out. An Ansible task fails in three shapes: `fatal: [host]`
-(a task), `failed: [host] (item=...)` (one item of a loop: the loop prints no fatal line) and
-`fatal: [host]: UNREACHABLE!`. A failure a verify expects and rescues looks the same as any other, so the step line
-comes first: it says where the scenario stopped even when the last failure in the log is a rescued one.
+molecule colours its log, so both read it with the colour codes taken out.
+
+An Ansible task fails in three shapes: `fatal: [host]` (a task), `failed: [host] (item=...)` (one item of a loop:
+the loop prints no fatal line) and `fatal: [host]: UNREACHABLE!`. A failure a verify expects and rescues looks the
+same as any other, so the step line comes first: it says where the scenario stopped even when the last failure in
+the log is a rescued one.
 
 Usage: molecule_failure.py summary|step LOG
 """

@@ -22,7 +22,8 @@ def colour(text: str) -> str:
 
 
 def step_line(scenario: str, step: str, result: str) -> str:
-    return f"\x1b[31mERROR   \x1b[0m \x1b[32m{scenario}\x1b[0m ➜ \x1b[33m{step}\x1b[0m: \x1b[31mExecuted: {result}\x1b[0m"
+    return (f"\x1b[31mERROR   \x1b[0m \x1b[32m{scenario}\x1b[0m ➜ \x1b[33m{step}\x1b[0m: "
+            f"\x1b[31mExecuted: {result}\x1b[0m")
 
 
 BENIGN = "\x1b[31m\x1b[1mCRITICAL\x1b[0m 'molecule/default/molecule.yml' glob failed.  Exiting."
@@ -95,9 +96,10 @@ def test_the_command_line(tmp_path):
     path.write_text(log(LOOP_FAILURE, step_line("storage", "converge", "Failed")))
     step = subprocess.run([sys.executable, SCRIPT, "step", path], capture_output=True, text=True, check=True)
     assert step.stdout == "converge\n"
-    wrong = subprocess.run([sys.executable, SCRIPT, "why", path], capture_output=True, text=True)
+    wrong = subprocess.run([sys.executable, SCRIPT, "why", path], check=False, capture_output=True, text=True)
     assert wrong.returncode == 2 and "Usage: molecule_failure.py summary|step LOG" in wrong.stderr
-    missing = subprocess.run([sys.executable, SCRIPT, "summary", tmp_path / "none.log"], capture_output=True, text=True)
+    missing = subprocess.run([sys.executable, SCRIPT, "summary", tmp_path / "none.log"], check=False,
+                             capture_output=True, text=True)
     assert missing.returncode == 1 and "cannot read" in missing.stdout and "Traceback" not in missing.stderr
 
 
@@ -128,7 +130,7 @@ def test_run_scenarios_retries_a_create_failure_only_and_ends_with_why(tmp_path)
     for name in ("run-scenarios.sh", "molecule_failure.py"):
         (work / "localcluster" / name).write_bytes((REPO / "localcluster" / name).read_bytes())
     run = subprocess.run(["bash", "localcluster/run-scenarios.sh", "1", "flaky", "broken"], cwd=work, env=env,
-                         capture_output=True, text=True, timeout=120)
+                         check=False, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert (state / "flaky").read_text() == "2\n" and (state / "broken").read_text() == "1\n"
     assert "flaky        failed in create/prepare; running it once more" in run.stdout

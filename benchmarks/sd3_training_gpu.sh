@@ -50,6 +50,11 @@ train_run() {  # sd3cluster train itself, its metrics.jsonl read
 import json; rows=[json.loads(l) for l in open('$OUT/train-1024.jsonl')]
 for r in rows: print(f\"train step {r['step']}: {r['images_per_s']:.2f} images/s (over the last 10 steps), MFU {r['mfu']:.3f}\")"
 }
+targets_1024() {  # the three cases the 1024^2 targets need: the reference, bench optimized, train
+  bench ref-1024 sd3-medium:1024:8:reference
+  bench opt-1024 sd3-medium:1024:8:optimized
+  train_run
+}
 for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
   tests) python3 -m pytest -q tests/workloads/test_attention.py tests/workloads/test_fused_mlp.py \
            tests/workloads/test_fused_norm.py 2>&1 | tail -5 ;;
@@ -125,14 +130,10 @@ for part in "${@:-tests attention 1024 train}"; do for p in $part; do case $p in
          bench opt-batch-1024 sd3-medium:1024:8:optimized:layout=batch --copy-ops ;;
   # the comparison of the performance targets, each case its own process: 1024^2 in one call, 512^2 in the next
   # (quack tunes its GEMMs for 512^2 for 3 to 6.5 minutes on a machine whose cache lacks that shape)
-  final1024) bench ref-1024 sd3-medium:1024:8:reference
-             bench opt-1024 sd3-medium:1024:8:optimized
-             train_run
+  final1024) targets_1024
              bench opt-adamtorch-1024 sd3-medium:1024:8:optimized:opt=torch ;;
-  # the three cases the 1024^2 targets need (final1024 without its torch-AdamW comparison), for a short device call
-  targets1024) bench ref-1024 sd3-medium:1024:8:reference
-               bench opt-1024 sd3-medium:1024:8:optimized
-               train_run ;;
+  # final1024 without its torch-AdamW comparison, for a short device call
+  targets1024) targets_1024 ;;
   final512) bench ref-512 sd3-medium:512:32:reference
             bench opt-512 sd3-medium:512:32:optimized ;;
   # one change against the tree it was made on (BASE), each step traced for the split and the kernel table. Each

@@ -33,17 +33,21 @@ def plain_lines(log_text: str) -> list[str]:
     return [ANSI.sub("", line) for line in log_text.splitlines()]
 
 
+def _last_failed_step(lines: list[str]) -> str | None:
+    steps = [m.group(1) for line in lines for m in [FAILED_STEP.search(line)] if m]
+    return steps[-1] if steps else None
+
+
 def failed_step(log_text: str) -> str | None:
     """The molecule step (create, converge, idempotence, verify, ...) that failed last; None when none did."""
-    steps = [m.group(1) for line in plain_lines(log_text) for m in [FAILED_STEP.search(line)] if m]
-    return steps[-1] if steps else None
+    return _last_failed_step(plain_lines(log_text))
 
 
 def failure_summary(log_text: str) -> str:
     """The lines that say why the scenario failed; one line saying none was found when the log shows no failure."""
     lines = plain_lines(log_text)
     out = []
-    step = failed_step(log_text)
+    step = _last_failed_step(lines)
     if step:
         out.append(f"  molecule stopped in: {step}")
     stopped = [line.strip() for line in lines if line.startswith(STOPPED)]

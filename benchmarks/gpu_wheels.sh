@@ -3,9 +3,10 @@
 # registry): its image has torch, transformers and accelerate but not diffusers, pydantic or the `fa4` extra, and its
 # python3 is 3.12, so the compiled wheels are fetched for cp312. The `fa4` extra's pins are read from
 # workloads/pyproject.toml; the CUTLASS DSL's library wheels take the DSL's version. nvidia-cutlass-dsl-libs-cu13's
-# wheel (92 MB) is over what one call carries (64 MiB): it goes unpacked into an xz archive (about 61 MiB, 2-3
-# minutes on 2 cores), carried alone in a first call that unpacks it into the site folder, before the call that
-# carries WHEELS.
+# wheel (92 MB) is over what one call carries (64 MiB, the repository's own files included): it goes unpacked into
+# an xz archive (about 61 MiB, 2-3 minutes on 2 cores), cut in two: LIBS/a/ (40 MiB) is carried alone in a first
+# call that copies it to /tmp/parts, LIBS/b/ with WHEELS in the next one, which joins the halves and unpacks them
+# into the site folder:  cat /tmp/parts/cu13.tar.xz.00 LIBS/b/cu13.tar.xz.01 | tar -xJ -C /tmp/site
 # Usage: bash benchmarks/gpu_wheels.sh [WHEELS (default .gpuwhl)] [LIBS (default .fa4cu13)]
 set -euo pipefail
 WHEELS=${1:-.gpuwhl} LIBS=${2:-.fa4cu13}
@@ -38,4 +39,10 @@ if [ ! -f "$LIBS/cu13.tar.xz" ] || [ "$(cat "$LIBS/cu13.version" 2>/dev/null)" !
   mv "$LIBS/cu13.tar.xz.part" "$LIBS/cu13.tar.xz"
   echo "$DSL" > "$LIBS/cu13.version"
 fi
-ls -la "$WHEELS" "$LIBS"
+# The halves, from the whole archive (kept here to tell whether the pin changed)
+if [ ! -f "$LIBS/b/cu13.tar.xz.01" ] || [ "$LIBS/cu13.tar.xz" -nt "$LIBS/b/cu13.tar.xz.01" ]; then
+  rm -rf "$LIBS/a" "$LIBS/b" && mkdir -p "$LIBS/a" "$LIBS/b"
+  split -b 40M -d -a 2 "$LIBS/cu13.tar.xz" "$LIBS/a/cu13.tar.xz."
+  mv "$LIBS/a/cu13.tar.xz.01" "$LIBS/b/"
+fi
+ls -la "$WHEELS" "$LIBS" "$LIBS/a" "$LIBS/b"

@@ -269,3 +269,102 @@ def test_the_wait_stops_at_its_limit_and_at_once_on_a_problem():
     assert waited == 0 and gluster_volume.rebalance_problem(status)
     status, waited = gluster_volume.wait_for_rebalance(lambda: running, 0, sleep=clock.sleep, clock=FakeClock())
     assert waited == 0 and gluster_volume.rebalance_running(status)
+
+
+# -- bricks online before the rebalance; one more start for a node that failed at start -------------------------
+# volume_status_grown.xml: `gluster volume status shared --xml` that gluster 10.3 printed in molecule/storage's
+# growth (2 x 3 bricks, their rebalance running): bricks, then the self-heal daemons, then the volume's tasks.
+VOLUME_STATUS = (DATA / "volume_status_grown.xml").read_text()
+BRICKS6 = [f"10.213.0.3{i}:/data/glusterfs/brick1/shared" for i in range(1, 7)]
+
+
+def with_brick_offline(address):
+    """The real status with the brick on `address` not running (as gluster prints a brick that is down)."""
+    head, _, tail = VOLUME_STATUS.partition(f"<hostname>{address}</hostname>")
+    return head + f"<hostname>{address}</hostname>" + tail.replace("<status>1</status>", "<status>0</status>", 1)
+
+
+def test_brick_status_lists_bricks_only_and_reads_which_are_online():
+    bricks = gluster_volume.parse_brick_status(VOLUME_STATUS)
+    assert [entry["brick"] for entry in bricks] == BRICKS6 and all(entry["online"] for entry in bricks)
+    assert gluster_volume.offline_bricks(BRICKS6, bricks) == []
+    down = gluster_volume.parse_brick_status(with_brick_offline("10.213.0.35"))
+    assert [entry["online"] for entry in down] == [True, True, True, True, False, True]
+    assert gluster_volume.offline_bricks(BRICKS6, down) == [BRICKS6[4]]
+    # A brick gluster does not list at all (not in the volume yet) is offline too.
+    assert gluster_volume.offline_bricks([*BRICKS6, "10.213.0.37:/b"], bricks) == ["10.213.0.37:/b"]
+    with pytest.raises(gluster_volume.GlusterError, match="does not exist"):
+        gluster_volume.parse_brick_status((DATA / "volume_info_missing.xml").read_text())
+
+
+def test_the_rebalance_waits_for_bricks_until_online_or_its_limit():
+    online = gluster_volume.parse_brick_status(VOLUME_STATUS)
+    offline = gluster_volume.parse_brick_status(with_brick_offline("10.213.0.36"))
+    answers = [offline, offline, online]
+    clock = FakeClock()
+    still_offline, waited = gluster_volume.wait_for_bricks(lambda: answers.pop(0), BRICKS6, 60, every_s=2,
+                                                           sleep=clock.sleep, clock=clock)
+    assert still_offline == [] and waited == 4 and not answers
+    clock = FakeClock()
+    still_offline, waited = gluster_volume.wait_for_bricks(lambda: offline, BRICKS6, 7, every_s=2,
+                                                           sleep=clock.sleep, clock=clock)
+    assert still_offline == [BRICKS6[5]] and waited == 7
+
+
+def failed_at_start(status, node_name):
+    """The status with node_name's rebalance failed before it looked at a file."""
+    for node in status["nodes"]:
+        if node["name"] == node_name:
+            node.update(status="failed", files=0, skipped=0, failures=0)
+    return status
+
+
+def test_only_a_node_that_failed_before_any_file_is_started_again():
+    # 10.213.0.34 looked at no file in the real run; 10.213.0.32 moved 74.
+    assert gluster_volume.nodes_that_failed_at_start(failed_at_start(rebalance_with(), "10.213.0.34")) == \
+        ["10.213.0.34"]
+    midway = rebalance_with(node_status="failed")
+    assert midway["nodes"][0]["files"] > 0 and gluster_volume.nodes_that_failed_at_start(midway) == []
+    # Files that failed to move elsewhere are not mended by a second start: no restart at all.
+    assert gluster_volume.nodes_that_failed_at_start(failed_at_start(rebalance_with(failures="2"), "10.213.0.34")) \
+        == []
+
+
+class FakeModule:
+    """run_command and warn, as the module's helpers use them."""
+    def __init__(self, rc=0):
+        self.rc, self.commands, self.warnings = rc, [], []
+
+    def run_command(self, command):
+        self.commands.append(command[2:])
+        return self.rc, "", "" if self.rc == 0 else "rebalance start refused"
+
+    def warn(self, message):
+        self.warnings.append(message)
+
+
+# Both cases read answers that end the waits at once (no node at work, or no time left): no sleep happens.
+def test_a_failed_start_is_started_again_once_the_others_are_done():
+    first = failed_at_start(rebalance_with(node_status="in progress"), "10.213.0.34")
+    first_done = failed_at_start(rebalance_with(), "10.213.0.34")
+    second = gluster_volume.parse_rebalance_status(REBALANCE)
+    answers = [first_done, second]
+    module = FakeModule()
+    status, waited = gluster_volume.restart_after_failed_start(module, "gluster", "shared", lambda: answers.pop(0),
+                                                               first, 3.0, 300)
+    assert module.commands == [["volume", "rebalance", "shared", "start"]]
+    assert status is second and gluster_volume.rebalance_problem(status) == "" and waited == pytest.approx(3.0, abs=1)
+    assert "10.213.0.34" in module.warnings[0] and "started once more" in module.warnings[0]
+
+
+def test_no_second_start_while_the_wait_runs_out_or_when_gluster_refuses_it():
+    running = failed_at_start(rebalance_with(node_status="in progress"), "10.213.0.34")
+    module = FakeModule()
+    status, _ = gluster_volume.restart_after_failed_start(module, "gluster", "shared", lambda: running, running,
+                                                          0.0, 0)
+    assert module.commands == [] and gluster_volume.rebalance_problem(status)
+    done = failed_at_start(rebalance_with(), "10.213.0.34")
+    refusing = FakeModule(rc=1)
+    status, _ = gluster_volume.restart_after_failed_start(refusing, "gluster", "shared", lambda: done, done, 0.0, 60)
+    assert len(refusing.commands) == 1 and "10.213.0.34 failed" in gluster_volume.rebalance_problem(status)
+    assert "rebalance start refused" in refusing.warnings[0]

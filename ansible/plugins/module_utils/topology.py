@@ -129,6 +129,24 @@ def parse_rebalance_status(text):
     return {"nodes": nodes, "total": total}
 
 
+def parse_brick_status(text):
+    """The bricks of `gluster volume status NAME --xml`: [{"brick": "host:/path", "online": bool}, ...]. The
+    daemons it lists as well (self-heal, NFS: their path is "localhost", not a directory) are left out."""
+    root = _volumes_root(text)
+    if root is None:
+        raise GlusterError("the volume does not exist")
+    return [{"brick": f"{node.findtext('hostname', '').strip()}:{node.findtext('path', '').strip()}",
+             "online": node.findtext("status", "").strip() == "1"}
+            for node in root.findall("volStatus/volumes/volume/node")
+            if node.findtext("path", "").strip().startswith("/")]
+
+
+def offline_bricks(wanted, brick_status):
+    """The bricks of `wanted` that brick_status (parse_brick_status) does not show online, in wanted's order."""
+    online = {entry["brick"] for entry in brick_status if entry["online"]}
+    return [brick for brick in wanted if brick not in online]
+
+
 def rebalance_running(status):
     """Whether any node's rebalance has still to start or finish ("not started" right after `start`)."""
     return any(node["status"] == "not started" or "in progress" in node["status"] for node in status["nodes"])
@@ -142,6 +160,17 @@ def rebalance_problem(status):
     if failures:
         problems.append("files it failed to move: " + ", ".join(failures))
     return "; ".join(problems)
+
+
+def nodes_that_failed_at_start(status):
+    """The nodes whose rebalance failed before it moved, skipped or failed a single file, when that is all that
+    went wrong (else []): such a node's rebalance could not start (its process found a brick it could not
+    reach), which a second start can mend, unlike files that failed to move or a rebalance stopped by hand."""
+    failed_at_start = [node["name"] for node in status["nodes"]
+                       if "failed" in node["status"] and not (node["files"] or node["skipped"] or node["failures"])]
+    other_problems = [node for node in status["nodes"] if node["name"] not in failed_at_start
+                      and ("failed" in node["status"] or node["status"] == "stopped" or node["failures"])]
+    return [] if other_problems else failed_at_start
 
 
 def rebalance_summary(volume, status, waited_s):

@@ -11,6 +11,9 @@ from ansible.module_utils.basic import AnsibleModule
 # the local cluster and the cloud inventory. Ansible ships it with the module.
 from ansible.module_utils.topology import (
     GlusterError,
+    nodes_that_failed_at_start,
+    offline_bricks,
+    parse_brick_status,
     parse_rebalance_status,
     parse_volume_info,
     rebalance_problem,
@@ -28,7 +31,7 @@ description:
   - Reads the volume with C(gluster volume info NAME --xml) and runs only the commands needed to reach the
     wanted state, so a second run changes nothing.
   - New bricks are added in whole replica sets, in the order given (list bricks so that consecutive groups of
-    C(replica) bricks lie on different servers), and a rebalance is started after them.
+    C(replica) bricks lie on different servers), and a rebalance is started once every brick is online.
   - Never removes bricks nor changes the replica count of an existing volume; it stops with a message instead.
   - Supports check mode (reports the commands it would run).
 options:
@@ -74,8 +77,9 @@ options:
     default: true
   rebalance_wait:
     description: Seconds to wait for a rebalance this run started to finish on every node (0 returns at once with
-      its first status). The module fails when a node's rebalance failed or files failed to move; when the time
-      runs out it warns and returns, and the rebalance goes on.
+      its first status). A node whose rebalance failed before it looked at a file is given one more start once
+      the others are done. The module fails when a node's rebalance failed or files failed to move; when the
+      time runs out it warns and returns, and the rebalance goes on.
     type: int
     default: 0
 author: sd3-cluster developers
@@ -222,16 +226,37 @@ def run_retrying_when_busy(run, command, attempts=6, delay=5.0, sleep=time.sleep
     return rc, out, err
 
 
-def wait_for_rebalance(read_status, timeout_s, every_s=5.0, sleep=time.sleep, clock=time.monotonic):
-    """(status, seconds waited): read_status() until no node is running or timeout_s has passed, or a problem
-    shows (a failed node, files that failed to move), which ends the wait at once."""
+def poll_until(read, done, timeout_s, every_s, sleep=time.sleep, clock=time.monotonic):
+    """(last value, seconds waited): read() every every_s seconds until done(value) or timeout_s has passed."""
     start = clock()
     while True:
-        status = read_status()
+        value = read()
         waited = clock() - start
-        if not rebalance_running(status) or rebalance_problem(status) or waited >= timeout_s:
-            return status, waited
+        if done(value) or waited >= timeout_s:
+            return value, waited
         sleep(min(every_s, max(timeout_s - waited, 0.0)))
+
+
+def wait_for_rebalance(read_status, timeout_s, every_s=5.0, sleep=time.sleep, clock=time.monotonic,
+                       stop_on_problem=True):
+    """(status, seconds waited): read_status() until no node is running or timeout_s has passed, or a problem
+    shows (a failed node, files that failed to move), which ends the wait at once unless stop_on_problem is off."""
+    def done(status):
+        return not rebalance_running(status) or (stop_on_problem and bool(rebalance_problem(status)))
+    return poll_until(read_status, done, timeout_s, every_s, sleep, clock)
+
+
+# add-brick has glusterd start the new bricks' processes, which takes a few seconds; a rebalance started
+# before they listen fails at once on nodes that cannot reach them (seen in CI: a new node's rebalance
+# "failed" with no file looked at). So the rebalance waits for every brick, up to this long.
+BRICKS_ONLINE_TIMEOUT_S = 60
+
+
+def wait_for_bricks(read_bricks, wanted, timeout_s, every_s=2.0, sleep=time.sleep, clock=time.monotonic):
+    """(bricks of `wanted` still offline, seconds waited): read_bricks() (parse_brick_status) until every
+    wanted brick is online or timeout_s has passed."""
+    return poll_until(lambda: offline_bricks(wanted, read_bricks()), lambda offline: not offline, timeout_s,
+                      every_s, sleep, clock)
 
 
 def main():
@@ -280,6 +305,8 @@ def main():
                          warnings_found=warnings, rebalance={})
 
     for command in commands:
+        if command[1] == "rebalance":
+            wait_for_bricks_or_fail(module, gluster, params["name"], params["bricks"])
         rc, out, err = run_retrying_when_busy(module.run_command, [gluster, "--mode=script", *command])
         if rc != 0:
             module.fail_json(msg=f"`gluster {' '.join(command)}` failed: {(err or out).strip()}",
@@ -291,19 +318,63 @@ def main():
                      warnings_found=warnings, rebalance=rebalance)
 
 
+def read_xml(module, gluster, command, parse):
+    """parse() of `gluster --mode=script COMMAND` (asked again while glusterd is busy); GlusterError with
+    gluster's rc and message when it printed nothing parse can read."""
+    rc, out, err = run_retrying_when_busy(module.run_command, [gluster, "--mode=script", *command])
+    try:
+        return parse(out)
+    except GlusterError as error:
+        raise GlusterError(f"rc {rc}: {error} {err.strip()}".strip()) from error
+
+
+def wait_for_bricks_or_fail(module, gluster, name, bricks):
+    """Waits for every brick of the volume to be online before its rebalance starts; fails, naming the bricks,
+    when some are not online after BRICKS_ONLINE_TIMEOUT_S (the volume has grown; the rebalance is not started)."""
+    then_what = (f"see `gluster volume status {name}` and /var/log/glusterfs/bricks/ on the nodes, then start "
+                 f"the rebalance (`gluster volume rebalance {name} start`)")
+    try:
+        offline, waited = wait_for_bricks(
+            lambda: read_xml(module, gluster, ["volume", "status", name, "--xml"], parse_brick_status), bricks,
+            BRICKS_ONLINE_TIMEOUT_S)
+    except GlusterError as error:
+        module.fail_json(msg=f"volume {name} grew, but its bricks' status could not be read ({error}), so no "
+                         f"rebalance was started: {then_what}")
+    if offline:
+        module.fail_json(msg=f"volume {name} grew, but its bricks {', '.join(offline)} were not online after "
+                         f"{waited:.0f} s, so no rebalance was started: {then_what}")
+
+
+def restart_after_failed_start(module, gluster, name, read_status, status, waited, wait_s):
+    """(status, seconds waited in all): once the nodes still at work are done (within wait_s), the rebalance
+    is started once more and followed; the status as it was when it cannot be."""
+    failed = nodes_that_failed_at_start(status)
+    status, more = wait_for_rebalance(read_status, max(wait_s - waited, 0.0), stop_on_problem=False)
+    waited += more
+    if rebalance_running(status) or not nodes_that_failed_at_start(status):
+        return status, waited
+    rc, out, err = run_retrying_when_busy(module.run_command,
+                                          [gluster, "--mode=script", "volume", "rebalance", name, "start"])
+    if rc != 0:
+        module.warn(f"volume {name}: starting the rebalance again failed: {(err or out).strip()}")
+        return status, waited
+    module.warn(f"volume {name}: the rebalance failed before it looked at a file on {', '.join(failed)}; "
+                "it was started once more")
+    status, more = wait_for_rebalance(read_status, max(wait_s - waited, 0.0))
+    return status, waited + more
+
+
 def follow_rebalance(module, gluster, name, wait_s):
     """The started rebalance's status, after waiting up to wait_s for it; fails on a problem, warns at the end
-    of the wait while it still runs."""
+    of the wait while it still runs. Nodes that failed before they looked at a file get one more start, once
+    the other nodes are done (within the same wait)."""
     def read_status():
-        command = [gluster, "--mode=script", "volume", "rebalance", name, "status", "--xml"]
-        rc, out, err = run_retrying_when_busy(module.run_command, command)
-        try:
-            return parse_rebalance_status(out)
-        except GlusterError as error:
-            raise GlusterError(f"rc {rc}: {error} {err.strip()}".strip()) from error
+        return read_xml(module, gluster, ["volume", "rebalance", name, "status", "--xml"], parse_rebalance_status)
 
     try:
         status, waited = wait_for_rebalance(read_status, wait_s)
+        if nodes_that_failed_at_start(status):
+            status, waited = restart_after_failed_start(module, gluster, name, read_status, status, waited, wait_s)
     except GlusterError as error:
         # The volume grew and the rebalance started: a status gluster would not give is no reason to fail the play.
         summary = (f"volume {name}: rebalance started, but its status could not be read ({error}); follow it with "

@@ -247,8 +247,8 @@ def wait_for_rebalance(read_status, timeout_s, every_s=5.0, sleep=time.sleep, cl
 
 
 # add-brick has glusterd start the new bricks' processes, which takes a few seconds; a rebalance started
-# before they listen fails at once on nodes that cannot reach them (seen in CI: a new node's rebalance
-# "failed" with no file looked at). So the rebalance waits for every brick, up to this long.
+# before they listen fails at once on nodes that cannot reach them (the likely cause of what CI saw once: a
+# new node's rebalance "failed" with no file looked at). So the rebalance waits for every brick, this long at most.
 BRICKS_ONLINE_TIMEOUT_S = 60
 
 
@@ -346,9 +346,12 @@ def wait_for_bricks_or_fail(module, gluster, name, bricks):
 
 
 def restart_after_failed_start(module, gluster, name, read_status, status, waited, wait_s):
-    """(status, seconds waited in all): once the nodes still at work are done (within wait_s), the rebalance
-    is started once more and followed; the status as it was when it cannot be."""
+    """(status, seconds waited in all): when nodes failed before they looked at a file, the rebalance is
+    started once more, once the nodes still at work are done (within wait_s), and followed; the status as it
+    was when there is no such node or it cannot be started again."""
     failed = nodes_that_failed_at_start(status)
+    if not failed:
+        return status, waited
     status, more = wait_for_rebalance(read_status, max(wait_s - waited, 0.0), stop_on_problem=False)
     waited += more
     if rebalance_running(status) or not nodes_that_failed_at_start(status):
@@ -373,8 +376,7 @@ def follow_rebalance(module, gluster, name, wait_s):
 
     try:
         status, waited = wait_for_rebalance(read_status, wait_s)
-        if nodes_that_failed_at_start(status):
-            status, waited = restart_after_failed_start(module, gluster, name, read_status, status, waited, wait_s)
+        status, waited = restart_after_failed_start(module, gluster, name, read_status, status, waited, wait_s)
     except GlusterError as error:
         # The volume grew and the rebalance started: a status gluster would not give is no reason to fail the play.
         summary = (f"volume {name}: rebalance started, but its status could not be read ({error}); follow it with "

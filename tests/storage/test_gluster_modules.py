@@ -96,6 +96,33 @@ def test_new_bricks_are_added_as_a_replica_set_then_rebalanced():
     assert commands == [["volume", "add-brick", "shared", *grown[3:]], ["volume", "rebalance", "shared", "start"]]
 
 
+def test_a_stopped_volume_that_grows_is_started_before_its_rebalance():
+    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
+    commands, warnings = gluster_volume.plan(volume(status="Stopped"), params(bricks=grown, options={"a.b": "on"}))
+    assert commands == [["volume", "add-brick", "shared", *grown[3:]], ["volume", "set", "shared", "a.b", "on"],
+                        ["volume", "start", "shared"], ["volume", "rebalance", "shared", "start"]]
+    assert warnings == []
+
+
+@pytest.mark.parametrize(("status", "state", "last"), [
+    ("Stopped", "present", ["volume", "add-brick"]),
+    ("Created", "stopped", ["volume", "add-brick"]),
+    ("Started", "stopped", ["volume", "stop"]),
+])
+def test_a_volume_that_grows_and_ends_stopped_is_not_rebalanced_but_warned_about(status, state, last):
+    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
+    commands, warnings = gluster_volume.plan(volume(status=status), params(bricks=grown, state=state))
+    assert commands[-1][:2] == last and not any(c[1] == "rebalance" for c in commands)
+    assert len(warnings) == 1 and "gluster volume start shared" in warnings[0]
+    assert "gluster volume rebalance shared start" in warnings[0]
+
+
+def test_growth_without_rebalance_plans_none_and_warns_of_none():
+    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
+    assert gluster_volume.plan(volume(status="Stopped"), params(bricks=grown, state="present", rebalance=False)) \
+        == ([["volume", "add-brick", "shared", *grown[3:]]], [])
+
+
 def test_new_bricks_that_are_not_a_whole_replica_set_are_refused():
     with pytest.raises(gluster_volume.GlusterError, match="not a multiple of replica 3"):
         gluster_volume.plan(volume(), params(bricks=[*BRICKS3, "10.0.0.14:/data/glusterfs/brick1/shared"]))

@@ -72,7 +72,8 @@ options:
     type: bool
     default: false
   rebalance:
-    description: Start a rebalance after bricks were added.
+    description: Start a rebalance after bricks were added, once the volume is started (it is the last command);
+      a volume that grows but is left stopped gets a warning naming the commands instead.
     type: bool
     default: true
   rebalance_wait:
@@ -158,7 +159,7 @@ def plan(current, params):
     and the drift left for a person to act on."""
     name, state = params["name"], params["state"]
     force = ["force"] if params["force"] else []
-    commands, warnings = [], []
+    commands, warnings, added = [], [], []
     if state == "absent":
         if current is not None:
             if current["status"] == "Started":
@@ -195,8 +196,6 @@ def plan(current, params):
                     f"the new bricks {', '.join(members)} would form a replica set "
                     "with two copies on one server: add storage nodes in groups of the replica count")
             commands.append(["volume", "add-brick", name, *added, *force])
-            if params["rebalance"]:
-                commands.append(["volume", "rebalance", name, "start"])
         current_options, current_status = current["options"], current["status"]
 
     for key in sorted(options):
@@ -206,6 +205,16 @@ def plan(current, params):
         commands.append(["volume", "start", name])
     if state == "stopped" and current_status == "Started":
         commands.append(["volume", "stop", name])
+    # The rebalance comes last: after the options, so the new nodes' addresses are in auth.allow before their
+    # rebalance processes reach the bricks; after the start, as gluster refuses one on a volume that is not
+    # started (a volume left stopped, or stopped now, is left for a person to rebalance).
+    if added and params["rebalance"]:
+        ends_started = state == "started" or (state == "present" and current_status == "Started")
+        if ends_started:
+            commands.append(["volume", "rebalance", name, "start"])
+        else:
+            warnings.append(f"volume {name} grew but is not started, so no rebalance was started: after "
+                            f"`gluster volume start {name}`, run `gluster volume rebalance {name} start`")
     return commands, warnings
 
 

@@ -197,9 +197,22 @@ def test_busy_glusterd_is_asked_again_then_its_answer_kept():
     answers = [(1, "", "volume add-brick: failed: Another transaction is in progress for shared."),
                (1, "", "Locking failed on 10.0.0.12. Please check log file for details."), (0, "success", "")]
     slept = []
-    rc, out, _ = gluster_volume.run_retrying_when_busy(lambda _: answers.pop(0), ["volume", "start"],
-                                                       sleep=slept.append)
+    rc, out, _ = gluster_volume.run_retrying_when_transient(lambda _: answers.pop(0), ["volume", "start"],
+                                                            sleep=slept.append)
     assert (rc, out) == (0, "success") and len(slept) == 2 and not answers
+
+
+def test_a_peer_not_yet_connected_to_another_is_asked_again():
+    # what the create right after the probe printed in a CI run of molecule/storage (gluster 10.3)
+    not_connected = ("volume create: shared: failed: Staging failed on 10.213.0.33. Error: Host 10.213.0.32 "
+                     "not connected")
+    not_in_cluster = "volume start: shared: failed: Host 10.213.0.32 is not in 'Peer in Cluster' state"
+    answers = [(1, "", not_connected), (1, not_in_cluster, ""), (0, "volume create: shared: success", "")]
+    slept = []
+    rc, out, _ = gluster_volume.run_retrying_when_transient(lambda _: answers.pop(0), ["volume", "create"],
+                                                            sleep=slept.append)
+    assert rc == 0 and "success" in out and slept == [5.0, 5.0]
+    assert not gluster_volume.transient_refusal("volume create: shared: failed: Volume shared already exists")
 
 
 def test_other_failures_and_a_busy_glusterd_that_stays_busy_are_returned():
@@ -207,10 +220,10 @@ def test_other_failures_and_a_busy_glusterd_that_stays_busy_are_returned():
     def failing(command):
         calls.append(command)
         return 1, "", "volume create: shared: failed: Brick may be containing or be contained by an existing brick"
-    assert gluster_volume.run_retrying_when_busy(failing, ["volume", "create"], sleep=lambda _: None)[0] == 1
+    assert gluster_volume.run_retrying_when_transient(failing, ["volume", "create"], sleep=lambda _: None)[0] == 1
     assert len(calls) == 1
-    busy = gluster_volume.run_retrying_when_busy(lambda _: (1, "", "Another transaction is in progress"), ["x"],
-                                                 attempts=3, sleep=lambda _: None)
+    busy = gluster_volume.run_retrying_when_transient(lambda _: (1, "", "Another transaction is in progress"), ["x"],
+                                                      attempts=3, sleep=lambda _: None)
     assert busy == (1, "", "Another transaction is in progress")
 
 

@@ -3,6 +3,7 @@
 create, add bricks in whole replica sets (then rebalance), set options that differ, start or stop, delete."""
 from __future__ import annotations
 
+import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -222,14 +223,23 @@ def plan(current, params):
 # node's command holds it (a heal, a rebalance status, a second play) fails at once with one of these,
 # and succeeds when tried again a few seconds later (seen in scale-out runs on the local cluster).
 BUSY_MESSAGES = ("Another transaction is in progress", "Locking failed on")
+# Right after a probe, the new peers connect to one another in the background (gluster_peer waits only until
+# the probing node sees them): a command staged on one of them fails with "Staging failed on C. Error: Host B
+# not connected" until C has reached B (seen once in a CI run of molecule/storage, the create right after the
+# probe). Staging is a check before any change, so the command is tried again like a busy one.
+PEER_NOT_READY = re.compile(r"Host \S+ not connected|is not in 'Peer in Cluster' state")
 
 
-def run_retrying_when_busy(run, command, attempts=6, delay=5.0, sleep=time.sleep):
-    """run(command) -> (rc, out, err), tried again while glusterd answers that it is busy."""
+def transient_refusal(text):
+    """Whether gluster's answer is one that the same command, tried again a few seconds later, gets past."""
+    return any(message in text for message in BUSY_MESSAGES) or bool(PEER_NOT_READY.search(text))
+
+
+def run_retrying_when_transient(run, command, attempts=6, delay=5.0, sleep=time.sleep):
+    """run(command) -> (rc, out, err), tried again while glusterd answers that it is busy or a peer not ready."""
     for attempt in range(1, attempts + 1):
         rc, out, err = run(command)
-        busy = rc != 0 and any(message in (err or "") + (out or "") for message in BUSY_MESSAGES)
-        if not busy or attempt == attempts:
+        if rc == 0 or not transient_refusal((err or "") + (out or "")) or attempt == attempts:
             return rc, out, err
         sleep(delay)
     return rc, out, err
@@ -316,7 +326,7 @@ def main():
     for command in commands:
         if command[1] == "rebalance":
             wait_for_bricks_or_fail(module, gluster, params["name"], params["bricks"])
-        rc, out, err = run_retrying_when_busy(module.run_command, [gluster, "--mode=script", *command])
+        rc, out, err = run_retrying_when_transient(module.run_command, [gluster, "--mode=script", *command])
         if rc != 0:
             module.fail_json(msg=f"`gluster {' '.join(command)}` failed: {(err or out).strip()}",
                              commands=[" ".join(c) for c in commands], volume=info() or {})
@@ -330,7 +340,7 @@ def main():
 def read_xml(module, gluster, command, parse):
     """parse() of `gluster --mode=script COMMAND` (asked again while glusterd is busy); GlusterError with
     gluster's rc and message when it printed nothing parse can read."""
-    rc, out, err = run_retrying_when_busy(module.run_command, [gluster, "--mode=script", *command])
+    rc, out, err = run_retrying_when_transient(module.run_command, [gluster, "--mode=script", *command])
     try:
         return parse(out)
     except GlusterError as error:
@@ -365,7 +375,7 @@ def restart_after_failed_start(module, gluster, name, read_status, status, waite
     waited += more
     if rebalance_running(status) or not nodes_that_failed_at_start(status):
         return status, waited
-    rc, out, err = run_retrying_when_busy(module.run_command,
+    rc, out, err = run_retrying_when_transient(module.run_command,
                                           [gluster, "--mode=script", "volume", "rebalance", name, "start"])
     if rc != 0:
         module.warn(f"volume {name}: starting the rebalance again failed: {(err or out).strip()}")

@@ -11,12 +11,13 @@ mkdir -p "$logs"
 # A scenario that fails while its nodes are made (create) or given their starting state (prepare) is
 # run once more: those steps only start containers and fetch packages, and a package cache answering
 # many nodes at once can hand out a broken package list. A failure in converge, idempotence or verify
-# is never retried. A scenario still running after MOLECULE_SCENARIO_TIMEOUT_S seconds (the slowest,
-# slurm, takes about 10 minutes) is stopped and run once more: a hang is the environment's (gpu_stack's
-# apt-get update, through the package cache, twice waited forever with its gpgv method in two rehearsals
-# of .ci/run, and passed when run again alone), and without a limit it would hold the whole run; a
-# second hang fails it. `molecule test` starts by destroying its nodes.
-timeout_s=${MOLECULE_SCENARIO_TIMEOUT_S:-900}
+# is never retried. A scenario still running after MOLECULE_SCENARIO_TIMEOUT_S seconds is stopped and
+# run once more: a hang is the environment's (gpu_stack's apt-get update, through the package cache,
+# twice waited forever with its gpgv method in two rehearsals of .ci/run, and passed when run again
+# alone), and without a limit it would hold the whole run; a second hang fails it. `molecule test`
+# starts by destroying its nodes. The slowest, slurm, takes about 12 minutes; it ran past 15 once, when
+# the other lane's scenario installed its virtualenv (torch) at the same time, so the limit is 20.
+timeout_s=${MOLECULE_SCENARIO_TIMEOUT_S:-1200}
 # timeout's exit status for a command it stopped (TERM, then KILL after --kill-after)
 stopped() { [[ $1 -eq 124 || $1 -eq 137 ]]; }
 # One try of a scenario; one that ran past the limit has its nodes removed (a stopped molecule leaves them).

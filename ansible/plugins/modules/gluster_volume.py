@@ -376,7 +376,7 @@ def restart_after_failed_start(module, gluster, name, read_status, status, waite
     if rebalance_running(status) or not nodes_that_failed_at_start(status):
         return status, waited
     rc, out, err = run_retrying_when_transient(module.run_command,
-                                          [gluster, "--mode=script", "volume", "rebalance", name, "start"])
+                                               [gluster, "--mode=script", "volume", "rebalance", name, "start"])
     if rc != 0:
         module.warn(f"volume {name}: starting the rebalance again failed: {(err or out).strip()}")
         return status, waited

@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
 BRICKS3 = [f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (1, 2, 3)]
+GROWN = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
 
 
 _tree = runpy.run_path(str(REPO / "ansible" / "plugins" / "module_utils" / "source_tree.py"))
@@ -91,15 +92,13 @@ def test_only_drifted_options_are_set():
 
 
 def test_new_bricks_are_added_as_a_replica_set_then_rebalanced():
-    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
-    commands, _ = gluster_volume.plan(volume(), params(bricks=grown))
-    assert commands == [["volume", "add-brick", "shared", *grown[3:]], ["volume", "rebalance", "shared", "start"]]
+    commands, _ = gluster_volume.plan(volume(), params(bricks=GROWN))
+    assert commands == [["volume", "add-brick", "shared", *GROWN[3:]], ["volume", "rebalance", "shared", "start"]]
 
 
 def test_a_stopped_volume_that_grows_is_started_before_its_rebalance():
-    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
-    commands, warnings = gluster_volume.plan(volume(status="Stopped"), params(bricks=grown, options={"a.b": "on"}))
-    assert commands == [["volume", "add-brick", "shared", *grown[3:]], ["volume", "set", "shared", "a.b", "on"],
+    commands, warnings = gluster_volume.plan(volume(status="Stopped"), params(bricks=GROWN, options={"a.b": "on"}))
+    assert commands == [["volume", "add-brick", "shared", *GROWN[3:]], ["volume", "set", "shared", "a.b", "on"],
                         ["volume", "start", "shared"], ["volume", "rebalance", "shared", "start"]]
     assert warnings == []
 
@@ -110,17 +109,15 @@ def test_a_stopped_volume_that_grows_is_started_before_its_rebalance():
     ("Started", "stopped", ["volume", "stop"]),
 ])
 def test_a_volume_that_grows_and_ends_stopped_is_not_rebalanced_but_warned_about(status, state, last):
-    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
-    commands, warnings = gluster_volume.plan(volume(status=status), params(bricks=grown, state=state))
+    commands, warnings = gluster_volume.plan(volume(status=status), params(bricks=GROWN, state=state))
     assert commands[-1][:2] == last and not any(c[1] == "rebalance" for c in commands)
     assert len(warnings) == 1 and "gluster volume start shared" in warnings[0]
     assert "gluster volume rebalance shared start" in warnings[0]
 
 
 def test_growth_without_rebalance_plans_none_and_warns_of_none():
-    grown = [*BRICKS3, *(f"10.0.0.1{i}:/data/glusterfs/brick1/shared" for i in (4, 5, 6))]
-    assert gluster_volume.plan(volume(status="Stopped"), params(bricks=grown, state="present", rebalance=False)) \
-        == ([["volume", "add-brick", "shared", *grown[3:]]], [])
+    assert gluster_volume.plan(volume(status="Stopped"), params(bricks=GROWN, state="present", rebalance=False)) \
+        == ([["volume", "add-brick", "shared", *GROWN[3:]]], [])
 
 
 def test_new_bricks_that_are_not_a_whole_replica_set_are_refused():

@@ -219,20 +219,21 @@ def plan(current, params):
     return commands, warnings
 
 
-# glusterd serialises volume changes with a cluster-wide lock: a command that arrives while another
-# node's command holds it (a heal, a rebalance status, a second play) fails at once with one of these,
-# and succeeds when tried again a few seconds later (seen in scale-out runs on the local cluster).
-BUSY_MESSAGES = ("Another transaction is in progress", "Locking failed on")
-# Right after a probe, the new peers connect to one another in the background (gluster_peer waits only until
-# the probing node sees them): a command staged on one of them fails with "Staging failed on C. Error: Host B
-# not connected" until C has reached B (seen once in a CI run of molecule/storage, the create right after the
-# probe). Staging is a check before any change, so the command is tried again like a busy one.
-PEER_NOT_READY = re.compile(r"Host \S+ not connected|is not in 'Peer in Cluster' state")
+# Refusals that the same command gets past when tried again a few seconds later:
+# - glusterd serialises volume changes with a cluster-wide lock: a command that arrives while another node's
+#   command holds it (a heal, a rebalance status, a second play) fails at once with "Another transaction is in
+#   progress" or "Locking failed on" (seen in scale-out runs on the local cluster);
+# - right after a probe, the new peers connect to one another in the background (gluster_peer waits only until
+#   the probing node sees them): a command staged on one of them fails with "Staging failed on C. Error: Host B
+#   not connected" until C has reached B (seen once in a CI run of molecule/storage, the create right after the
+#   probe). Staging is a check before any change, so trying again is safe.
+TRANSIENT_REFUSAL = re.compile(r"Another transaction is in progress|Locking failed on"
+                               r"|Host \S+ not connected|is not in 'Peer in Cluster' state")
 
 
 def transient_refusal(text):
     """Whether gluster's answer is one that the same command, tried again a few seconds later, gets past."""
-    return any(message in text for message in BUSY_MESSAGES) or bool(PEER_NOT_READY.search(text))
+    return bool(TRANSIENT_REFUSAL.search(text))
 
 
 def run_retrying_when_transient(run, command, attempts=6, delay=5.0, sleep=time.sleep):
@@ -338,7 +339,7 @@ def main():
 
 
 def read_xml(module, gluster, command, parse):
-    """parse() of `gluster --mode=script COMMAND` (asked again while glusterd is busy); GlusterError with
+    """parse() of `gluster --mode=script COMMAND` (asked again on a transient refusal); GlusterError with
     gluster's rc and message when it printed nothing parse can read."""
     rc, out, err = run_retrying_when_transient(module.run_command, [gluster, "--mode=script", *command])
     try:
